@@ -1,0 +1,273 @@
+"""Turning a pipeline's failures into messages a user can act on, and never leaving workers behind.
+
+* ``IndexReportingDataset`` wraps a map-style dataset so an exception raised while loading a sample
+  carries the sample's index (as an exception note, which survives the trip from a worker);
+* ``Watchdog`` ends a measurement that receives no batch for ``timeout_s``;
+* ``explain`` maps what DataLoader raised (the user's exception, a killed worker) to a
+  ``PipelineError`` naming the cause;
+* ``stop_workers`` ends a DataLoader iterator's workers at once (after an error or Ctrl-C, a
+  graceful shutdown can wait seconds per worker that is stuck in user code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import sysconfig
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from types import FrameType, TracebackType
+from typing import Any
+
+import psutil
+from torch.utils.data import Dataset
+
+from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+
+_NOTE = "feedrate: while loading sample index "
+
+
+def _note(exc: BaseException, where: object) -> None:
+    add_note = getattr(exc, "add_note", None)  # Python >= 3.11
+    if add_note is not None:
+        add_note(f"{_NOTE}{where}")
+
+
+class IndexReportingDataset(Dataset[Any]):
+    """A map-style dataset that behaves exactly like ``inner`` (indexing, ``len``, attribute reads
+    and writes) and notes the failing index on exceptions. Its ``__getitems__`` keeps ``inner``'s
+    own ``__getitems__`` when it has one, else fetches one by one as DataLoader does."""
+
+    def __init__(self, inner: Any) -> None:
+        object.__setattr__(self, "_feedrate_inner", inner)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (IndexReportingDataset, (self._feedrate_inner,))
+
+    def __len__(self) -> int:
+        return len(self._feedrate_inner)
+
+    def __getitem__(self, index: Any) -> Any:
+        try:
+            return self._feedrate_inner[index]
+        except Exception as exc:
+            _note(exc, index)
+            raise
+
+    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+        inner = self._feedrate_inner
+        own = getattr(inner, "__getitems__", None)
+        if own:
+            try:
+                return list(own(indices))
+            except Exception as exc:
+                _note(exc, f"one of {list(indices)[:8]}")
+                raise
+        out: list[Any] = []
+        index: Any = None
+        try:
+            for index in indices:
+                out.append(inner[index])
+        except Exception as exc:
+            _note(exc, index)
+            raise
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_feedrate_inner":
+            raise AttributeError(name)
+        return getattr(self._feedrate_inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._feedrate_inner, name, value)
+
+
+class Watchdog:
+    """Raises ``PipelineTimeoutError`` in the measuring thread when ``kick()`` is not called for
+    ``timeout_s`` seconds. Uses SIGALRM, so it only arms in the main thread of a POSIX process;
+    elsewhere it does nothing (``armed`` is False)."""
+
+    def __init__(self, timeout_s: float | None, describe: Callable[[], str]) -> None:
+        self.timeout_s, self._describe = timeout_s, describe
+        self.armed = False
+        self._previous: Any = None
+
+    def __enter__(self) -> Watchdog:
+        usable = (
+            hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        )
+        if self.timeout_s and usable:
+            self._previous = signal.signal(signal.SIGALRM, self._fire)
+            self.armed = True
+            self.kick()
+        return self
+
+    def kick(self) -> None:
+        if self.armed and self.timeout_s:
+            signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
+
+    def disarm(self) -> None:
+        """Stop watching (e.g. before a shutdown that may legitimately take a while)."""
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+            self.armed = False
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        raise PipelineTimeoutError(
+            f"no batch arrived within {self.timeout_s:g} s ({self._describe()}): the pipeline "
+            "appears to hang; check for a deadlock or a blocking read in the dataset, or raise "
+            "--timeout if a batch really takes that long"
+        )
+
+
+_SIGNAL_CAUSES = {
+    signal.SIGBUS: "a bus error, usually shared memory (/dev/shm) too small for the batches in "
+    "flight; give the container more (docker run --shm-size=8g, or --ipc=host) or lower "
+    "num_workers × prefetch_factor",
+    signal.SIGKILL: "most likely the out-of-memory killer; lower num_workers or the memory each "
+    "worker holds",
+    signal.SIGSEGV: "a crash in native code inside the worker, often a library that is not "
+    "fork-safe (initialize it in worker_init_fn) or a corrupt input",
+    signal.SIGTERM: "terminated from outside (a job scheduler or a person)",
+}
+
+
+def _worker_deaths(iterator: object) -> list[tuple[int, int | None, int]]:
+    """(worker_id, pid, exit code) of each worker that has exited abnormally."""
+    out = []
+    for worker_id, proc in enumerate(getattr(iterator, "_workers", None) or []):
+        code = getattr(proc, "exitcode", None)
+        if code is not None and code != 0:
+            out.append((worker_id, getattr(proc, "pid", None), code))
+    return out
+
+
+def _killed_message(deaths: list[tuple[int, int | None, int]], fallback: str) -> str:
+    if not deaths:
+        return f"a DataLoader worker died: {fallback}"
+    worker_id, pid, code = deaths[0]
+    if code < 0:
+        sig = signal.Signals(-code)
+        cause = _SIGNAL_CAUSES.get(sig, "see the worker's own output above")
+        what = f"was killed by {sig.name}: {cause}"
+    else:
+        what = f"exited with status {code}"
+    more = f" ({len(deaths) - 1} more workers died too)" if len(deaths) > 1 else ""
+    return f"DataLoader worker {worker_id} (pid {pid}) {what}{more}"
+
+
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid.*(exited unexpectedly|killed by signal)")
+_CAUGHT = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _user_frames_from_text(text: str) -> list[str]:
+    frames = [f"{f}:{line} in {fn}" for f, line, fn in _FRAME.findall(text)]
+    return [f for f in frames if _is_user_file(f.split(":")[0])][-3:]
+
+
+def _user_frames(tb: TracebackType | None) -> list[str]:
+    frames = traceback.extract_tb(tb)
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames if _is_user_file(f.filename)][
+        -3:
+    ]
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _is_user_file(filename: str) -> bool:
+    markers = ("/torch/", "/feedrate/", "<frozen")
+    return not filename.startswith(_STDLIB) and not any(m in filename for m in markers)
+
+
+def _original_line(exc: BaseException) -> str:
+    """The original exception's own message: DataLoader re-raises a worker's exception with the
+    whole worker traceback as its message; the line after it names the exception."""
+    text = str(exc)
+    name = type(exc).__name__
+    lines = [ln for ln in text.splitlines() if ln.startswith(f"{name}:") or ln == name]
+    if lines:
+        return lines[-1]
+    first = text.splitlines()[0] if text else ""
+    return f"{name}: {first}" if first else name
+
+
+def _index(exc: BaseException) -> str | None:
+    notes = [*getattr(exc, "__notes__", []), *str(exc).splitlines()]
+    found = [n[len(_NOTE) :] for n in notes if n.startswith(_NOTE)]
+    return found[-1] if found else None
+
+
+def explain(exc: BaseException, iterator: object) -> PipelineError | None:
+    """A ``PipelineError`` describing ``exc`` raised while iterating, or None when ``exc`` is not
+    a pipeline failure (e.g. a KeyboardInterrupt, or already a feedrate error)."""
+    if isinstance(exc, PipelineError) or not isinstance(exc, Exception):
+        return None
+    text = str(exc)
+    deaths = _worker_deaths(iterator)
+    if _WORKER_DIED.search(text) or (
+        isinstance(exc, RuntimeError) and deaths and not _CAUGHT.search(text)
+    ):
+        return WorkerKilledError(_killed_message(deaths, text.splitlines()[0] if text else ""))
+    caught = _CAUGHT.search(text)
+    where = f" in worker {caught.group(2)}" if caught else " in the main process"
+    frames = _user_frames_from_text(text) if caught else _user_frames(exc.__traceback__)
+    index = _index(exc)
+    at_index = f" at sample index {index}" if index is not None else ""
+    at_frames = f" (at {'; '.join(frames)})" if frames else ""
+    return PipelineError(f"the pipeline raised {_original_line(exc)}{at_index}{where}{at_frames}")
+
+
+def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
+    """End ``iterator``'s worker processes now: terminate, then kill what is left after
+    ``grace_s``, then let DataLoader release its queues and threads."""
+    workers = list(getattr(iterator, "_workers", None) or [])
+    if not workers:
+        return
+    _unwatch(iterator)
+    handles = []
+    for proc in workers:
+        pid = getattr(proc, "pid", None)
+        if pid is None:
+            continue
+        try:
+            handles.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for h in handles:
+        _quietly(h.terminate)
+    _, alive = psutil.wait_procs(handles, timeout=grace_s)
+    for h in alive:
+        _quietly(h.kill)
+    psutil.wait_procs(alive, timeout=grace_s)
+    for proc in workers:
+        with contextlib.suppress(Exception):
+            proc.join(timeout=0.1)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        _quietly(shutdown)
+
+
+def _unwatch(iterator: object) -> None:
+    """Stop DataLoader's SIGCHLD handler from reporting workers we end on purpose."""
+    if not getattr(iterator, "_worker_pids_set", False):
+        return
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))  # type: ignore[attr-defined]
+        iterator._worker_pids_set = False  # type: ignore[attr-defined]
+    except Exception:  # internal API: worst case the handler reports a terminated worker
+        pass
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        fn()

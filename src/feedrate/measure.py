@@ -1,0 +1,230 @@
+"""Measure one DataLoader configuration honestly: start-up apart from steady state, warm-up and
+prefetched work discarded, repeated windows for the spread, per-process CPU and memory, /dev/shm.
+
+This module orchestrates; the timing logic is in ``windows``, the process figures in ``probe``,
+failure handling in ``failures``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate import windows
+from feedrate.config import (
+    LoaderConfig,
+    config_of,
+    is_iterable_style,
+    quiet_worker_count_warning,
+    rebuild,
+)
+from feedrate.errors import PipelineError, UserError
+from feedrate.failures import IndexReportingDataset, Watchdog, explain, stop_workers
+from feedrate.machine import MachineFacts, collect
+from feedrate.probe import ProcessProbe
+from feedrate.results import Measurement, Spread, WindowSummary
+
+LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
+
+
+def count_samples(batch: Any, default: int = 1) -> int:
+    """Samples in a collated batch: the leading dimension of its first tensor or array (looking
+    into sequences and mappings), else the length of a sequence of plain items, else ``default``."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else default
+    if isinstance(batch, Mapping):
+        first = next(iter(batch.values()), None)
+        return default if first is None else count_samples(first, default)
+    if isinstance(batch, Sequence) and not isinstance(batch, str | bytes):
+        if not batch:
+            return default
+        head = batch[0]
+        nested = hasattr(head, "shape") or isinstance(head, Mapping | list | tuple)
+        return count_samples(head, default) if nested else len(batch)
+    return default
+
+
+def _sample_counter(loader: DataLoader[Any]) -> Callable[[Any], int]:
+    """Without automatic batching every item is one sample; with it, count the batch."""
+    if loader.batch_size is None and loader.batch_sampler is None:
+        return lambda _batch: 1
+    default = loader.batch_size or 1
+    return lambda batch: count_samples(batch, default)
+
+
+def warmup_batches(config: LoaderConfig) -> int:
+    """Batches to discard at the start of every epoch: one from every worker, plus the queue the
+    workers fill meanwhile, so work prefetched before the window is not credited to it."""
+    norm = config.normalized()
+    return 1 if norm.num_workers == 0 else norm.num_workers + config.queue_depth
+
+
+def measure(
+    source: LoaderSource,
+    config: LoaderConfig | None = None,
+    *,
+    batches: int | None = None,
+    seconds: float | None = None,
+    windows_count: int = 5,
+    timeout_s: float | None = 60.0,
+    clock: windows.Clock = time.perf_counter,
+    machine: MachineFacts | None = None,
+    target: str | None = None,
+    report_index: bool = True,
+) -> Measurement:
+    """Measure ``source`` (a DataLoader or a zero-argument callable returning one) rebuilt with
+    ``config`` (default: its own settings).
+
+    Measures ``batches`` steady-state batches or ``seconds`` of steady state (default 10 s), in
+    ``windows_count`` windows. Raises ``PipelineError`` when the pipeline fails (its exception, a
+    killed worker, no batch for ``timeout_s``) and ``UserError`` for bad arguments. Workers are
+    always gone when this returns or raises, Ctrl-C included.
+    """
+    user_loader = source() if callable(source) and not isinstance(source, DataLoader) else source
+    if not isinstance(user_loader, DataLoader):
+        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(user_loader).__name__}")
+    config = (config or config_of(user_loader)).normalized()
+    plan = _plan(config, batches, seconds, windows_count)
+    dataset = None
+    if report_index and not is_iterable_style(user_loader):
+        dataset = IndexReportingDataset(user_loader.dataset)
+    loader = rebuild(user_loader, config, dataset=dataset)
+    facts = machine or collect()
+    timeline, report = _run(loader, plan, clock, timeout_s)
+    rate = windows.summarize(timeline.windows)
+    return Measurement(
+        config=config,
+        samples_per_s=rate.samples_per_s,
+        batches_per_s=rate.batches_per_s,
+        spread=Spread.of(rate),
+        startup_s=timeline.startup_s,
+        epoch_restart_s=timeline.epoch_restart_s,
+        window=_summary(timeline),
+        processes=report,
+        machine=facts.to_dict(),
+        batch_size=user_loader.batch_size,
+        target=target,
+        notes=_notes(config, facts, timeline),
+        feedrate_version=feedrate.__version__,
+    )
+
+
+def _plan(
+    config: LoaderConfig, batches: int | None, seconds: float | None, count: int
+) -> windows.WindowPlan:
+    if batches is not None and seconds is not None:
+        raise UserError("give --batches or --seconds, not both")
+    if batches is not None and batches < count:
+        raise UserError(f"--batches must be at least {count} (one per window), got {batches}")
+    if seconds is not None and seconds <= 0:
+        raise UserError(f"--seconds must be positive, got {seconds:g}")
+    return windows.WindowPlan(
+        windows=count,
+        batches=batches,
+        seconds=None if batches is not None else (seconds or 10.0),
+        warmup_batches=warmup_batches(config),
+    )
+
+
+def _run(
+    loader: DataLoader[Any], plan: windows.WindowPlan, clock: windows.Clock, timeout_s: float | None
+) -> tuple[windows.Timeline, Any]:
+    current: dict[str, Any] = {"it": None, "batches": 0}
+
+    def make_iter() -> Iterator[Any]:
+        with quiet_worker_count_warning():
+            it = iter(loader)
+        current["it"] = it
+        probe.attach(it)
+        return it
+
+    def describe() -> str:
+        return f"after {current['batches']} batches, config {plan_label}"
+
+    def on_batch() -> None:
+        current["batches"] += 1
+        dog.kick()
+
+    plan_label = config_of(loader).label()
+    with ProcessProbe() as probe, Watchdog(timeout_s, describe) as dog:
+        hooks = windows.Hooks(
+            window_open=lambda: probe.window_open(clock()),
+            window_close=lambda: probe.window_close(clock()),
+            batch=on_batch,
+        )
+        try:
+            timeline = windows.run(
+                make_iter,
+                plan,
+                _sample_counter(loader),
+                clock=clock,
+                hooks=hooks,
+                epoch_length=_epoch_length(loader),
+            )
+        except windows.EmptyLoaderError as exc:
+            msg = "the loader yielded no batch: its dataset or sampler is empty"
+            raise PipelineError(msg) from exc
+        except BaseException as exc:
+            dog.disarm()
+            stop_workers(current["it"])
+            error = explain(exc, current["it"])
+            if error is not None:
+                raise error from exc
+            raise
+        finally:
+            dog.disarm()
+            _close(loader, current["it"])
+        return timeline, probe.report()
+
+
+def _epoch_length(loader: DataLoader[Any]) -> int | None:
+    if is_iterable_style(loader):
+        return None  # its __len__, if any, is only a hint
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _close(loader: DataLoader[Any], it: object) -> None:
+    """Shut the workers down now rather than whenever the garbage collector gets to them."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    persistent = getattr(loader, "_iterator", None)
+    if persistent is not None and persistent is not it:
+        stop_workers(persistent)
+
+
+def _summary(t: windows.Timeline) -> WindowSummary:
+    return WindowSummary(
+        batches=sum(w.batches for w in t.windows),
+        samples=sum(w.samples for w in t.windows),
+        seconds=sum(w.seconds for w in t.windows),
+        epochs=t.epochs,
+        method=t.method,
+        warmup_batches=t.warmup_batches,
+        warmup_s=t.warmup_s,
+    )
+
+
+def _notes(config: LoaderConfig, facts: MachineFacts, t: windows.Timeline) -> list[str]:
+    notes = []
+    if config.num_workers > facts.cpus_usable:
+        notes.append(
+            f"num_workers={config.num_workers} is above the {facts.cpus_usable} usable CPUs: "
+            "this pays off only when workers mostly wait (latency-bound pipelines)"
+        )
+    if t.method == "whole-epochs":
+        notes.append(
+            "epochs were too short to get past warm-up, so whole epochs were timed, "
+            "start-up included"
+        )
+    if not t.windows:
+        notes.append("no steady-state batch was measured")
+    return notes

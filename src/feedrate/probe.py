@@ -1,0 +1,228 @@
+"""Per-process CPU and memory, and /dev/shm use, while a loader runs (psutil).
+
+The probe reads CPU counters only at window boundaries and memory at window ends, so it costs the
+measured loop nothing per batch; a daemon thread polls /dev/shm usage (one ``statvfs`` call every
+``shm_interval_s``) to catch its peak, since batches in shared memory come and go between reads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+
+@dataclass
+class ProcessFigures:
+    """CPU and memory of one process or thread over the measured windows.
+
+    ``cpu_util`` is CPU seconds per wall second (1.0 = one core busy) over ``measured_s``, the
+    window time during which the process could be read (a worker that exits with its epoch is
+    not read at that window's end, so that window counts neither its CPU nor its time). Memory is
+    in bytes, the largest value read at window ends: USS (memory only this process holds) and
+    PSS (its fair share of shared pages; None where the OS does not report it)."""
+
+    role: str
+    pid: int | None = None
+    worker_id: int | None = None
+    cpu_s: float = 0.0
+    measured_s: float = 0.0
+    cpu_util: float = 0.0
+    uss_bytes: int | None = None
+    pss_bytes: int | None = None
+    rss_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessFigures:
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**known)
+
+
+@dataclass
+class ProbeReport:
+    """What the probe saw: main process (less the pin-memory and probe threads), the pin-memory
+    thread when there is one, every worker, and the peak /dev/shm use above its level at start."""
+
+    wall_s: float = 0.0
+    main: ProcessFigures = field(default_factory=lambda: ProcessFigures("main"))
+    pin_memory_thread: ProcessFigures | None = None
+    workers: list[ProcessFigures] = field(default_factory=list)
+    probe_cpu_s: float = 0.0
+    shm_peak_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        pin = self.pin_memory_thread
+        return {
+            "wall_s": self.wall_s,
+            "main": self.main.to_dict(),
+            "pin_memory_thread": None if pin is None else pin.to_dict(),
+            "workers": [w.to_dict() for w in self.workers],
+            "probe_cpu_s": self.probe_cpu_s,
+            "shm_peak_bytes": self.shm_peak_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProbeReport:
+        pin = data.get("pin_memory_thread")
+        return cls(
+            wall_s=float(data.get("wall_s", 0.0)),
+            main=ProcessFigures.from_dict(data.get("main", {"role": "main"})),
+            pin_memory_thread=None if pin is None else ProcessFigures.from_dict(pin),
+            workers=[ProcessFigures.from_dict(w) for w in data.get("workers", [])],
+            probe_cpu_s=float(data.get("probe_cpu_s", 0.0)),
+            shm_peak_bytes=data.get("shm_peak_bytes"),
+        )
+
+
+def shm_used_bytes(path: str = "/dev/shm") -> int | None:
+    """Bytes in use on the shared-memory filesystem, or None where it does not exist."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _thread_cpu(proc: psutil.Process, native_id: int | None) -> float:
+    if native_id is None:
+        return 0.0
+    try:
+        for t in proc.threads():
+            if t.id == native_id:
+                return float(t.user_time + t.system_time)
+    except psutil.Error:
+        pass
+    return 0.0
+
+
+def _cpu(proc: psutil.Process) -> float | None:
+    try:
+        t = proc.cpu_times()
+    except psutil.Error:
+        return None
+    return float(t.user + t.system)
+
+
+def _add(fig: ProcessFigures, cpu_s: float, wall_s: float) -> None:
+    fig.cpu_s += cpu_s
+    fig.measured_s += wall_s
+
+
+def _memory(proc: psutil.Process, fig: ProcessFigures) -> None:
+    try:
+        info = proc.memory_full_info()
+    except psutil.Error:
+        return
+    uss = getattr(info, "uss", None)
+    pss = getattr(info, "pss", None)
+    fig.uss_bytes = max(fig.uss_bytes or 0, int(uss)) if uss is not None else fig.uss_bytes
+    fig.pss_bytes = max(fig.pss_bytes or 0, int(pss)) if pss is not None else fig.pss_bytes
+    fig.rss_bytes = max(fig.rss_bytes or 0, int(info.rss))
+
+
+class ProcessProbe:
+    """Attach to a DataLoader iterator, then call ``window_open``/``window_close`` around each
+    measured window; ``report()`` gives the figures. Use as a context manager."""
+
+    def __init__(self, *, shm_path: str = "/dev/shm", shm_interval_s: float = 0.05) -> None:
+        self._me = psutil.Process()
+        self._shm_path, self._shm_interval = shm_path, shm_interval_s
+        self._shm_base = shm_used_bytes(shm_path)
+        self._shm_peak = self._shm_base
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._probe_tid: int | None = None
+        self._pin_tid: int | None = None
+        self._workers: dict[int, tuple[psutil.Process, ProcessFigures]] = {}
+        self._start: dict[str, float] = {}
+        self._report = ProbeReport()
+
+    def __enter__(self) -> ProcessProbe:
+        self._thread = threading.Thread(target=self._poll_shm, name="feedrate-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _poll_shm(self) -> None:
+        self._probe_tid = threading.get_native_id()
+        while not self._stop.wait(self._shm_interval):
+            used = shm_used_bytes(self._shm_path)
+            if used is not None and (self._shm_peak is None or used > self._shm_peak):
+                self._shm_peak = used
+
+    def attach(self, iterator: object) -> None:
+        """Learn the worker processes and the pin-memory thread of a DataLoader iterator (called
+        again for every epoch: non-persistent workers are new processes each time)."""
+        workers = getattr(iterator, "_workers", None) or []
+        for worker_id, proc in enumerate(workers):
+            pid = getattr(proc, "pid", None)
+            known = self._workers.get(worker_id)
+            if pid is None or (known is not None and known[0].pid == pid):
+                continue
+            try:
+                handle = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            fig = known[1] if known else ProcessFigures("worker", worker_id=worker_id)
+            fig.pid = pid
+            self._workers[worker_id] = (handle, fig)
+        pin = getattr(iterator, "_pin_memory_thread", None)
+        if pin is not None:
+            self._pin_tid = getattr(pin, "native_id", None)
+            if self._report.pin_memory_thread is None:
+                self._report.pin_memory_thread = ProcessFigures("pin_memory_thread")
+
+    def _counters(self, wall: float) -> dict[str, float]:
+        out = {"wall": wall, "main": _cpu(self._me) or 0.0}
+        out["probe"] = _thread_cpu(self._me, self._probe_tid)
+        out["pin"] = _thread_cpu(self._me, self._pin_tid)
+        for worker_id, (proc, _fig) in self._workers.items():
+            cpu = _cpu(proc)
+            if cpu is not None:
+                out[f"w{worker_id}:{proc.pid}"] = cpu
+        return out
+
+    def window_open(self, wall: float) -> None:
+        self._start = self._counters(wall)
+
+    def window_close(self, wall: float) -> None:
+        end = self._counters(wall)
+        start, rep = self._start, self._report
+        span = max(0.0, wall - start.get("wall", wall))
+
+        def delta(key: str) -> float:
+            return max(0.0, end.get(key, 0.0) - start.get(key, 0.0))
+
+        rep.wall_s += span
+        rep.probe_cpu_s += delta("probe")
+        pin_s = delta("pin")
+        _add(rep.main, max(0.0, delta("main") - pin_s - delta("probe")), span)
+        if rep.pin_memory_thread is not None:
+            _add(rep.pin_memory_thread, pin_s, span)
+        for worker_id, (proc, fig) in self._workers.items():
+            key = f"w{worker_id}:{proc.pid}"
+            if key in start and key in end:
+                _add(fig, delta(key), span)
+                _memory(proc, fig)
+        _memory(self._me, rep.main)
+
+    def report(self) -> ProbeReport:
+        rep = self._report
+        rep.main.pid = self._me.pid
+        rep.workers = [fig for _, (_, fig) in sorted(self._workers.items())]
+        for fig in [rep.main, rep.pin_memory_thread, *rep.workers]:
+            if fig is not None and fig.measured_s > 0:
+                fig.cpu_util = fig.cpu_s / fig.measured_s
+        if self._shm_peak is not None and self._shm_base is not None:
+            rep.shm_peak_bytes = max(0, self._shm_peak - self._shm_base)
+        return rep

@@ -1,0 +1,154 @@
+"""Console rendering (rich) of result objects. Takes plain data, prints; measures nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from feedrate.machine import MachineFacts
+from feedrate.probe import ProcessFigures
+from feedrate.results import Measurement
+
+
+def size(n: int | float | None) -> str:
+    """Bytes as a short human string (binary units)."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _kv_table(rows: Iterable[tuple[str, str]], title: str | None = None) -> Table:
+    table = Table(show_header=False, box=None, title=title, title_justify="left", pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def machine_table(facts: MachineFacts) -> Table:
+    """The machine facts that bear on DataLoader settings."""
+    quota = "none" if facts.cpu_quota is None else f"{facts.cpu_quota:g} CPUs"
+    accel: str = facts.accelerator
+    if facts.accelerator != "none":
+        accel = f"{facts.accelerator} × {facts.accelerator_count} ({facts.accelerator_name or '?'})"
+    threads = ", ".join(f"{k}={v}" for k, v in facts.thread_env.items()) or "none set"
+    rows = [
+        (
+            "usable CPUs",
+            f"{facts.cpus_usable} (os.cpu_count {facts.cpu_count}, "
+            f"affinity {facts.cpus_affinity}, cgroup quota {quota})",
+        ),
+        (
+            "memory",
+            f"{size(facts.memory_available_bytes)} available of "
+            f"{size(facts.memory_total_bytes)}"
+            + (
+                f", cgroup limit {size(facts.memory_limit_bytes)}"
+                if facts.memory_limit_bytes
+                else ""
+            ),
+        ),
+        ("/dev/shm", f"{size(facts.shm_free_bytes)} free of {size(facts.shm_total_bytes)}"),
+        (
+            "open files",
+            f"soft {facts.open_files_soft or 'unlimited'}, "
+            f"hard {facts.open_files_hard or 'unlimited'}",
+        ),
+        ("start method", f"{facts.start_method} (sharing strategy {facts.sharing_strategy})"),
+        (
+            "torch",
+            f"{facts.torch_version}, {facts.torch_num_threads} intra-op threads, "
+            f"{facts.torch_num_interop_threads} inter-op",
+        ),
+        ("thread env", threads),
+        ("accelerator", accel),
+        ("python", f"{facts.python_version} on {facts.platform}"),
+    ]
+    return _kv_table(rows, title="Machine")
+
+
+def _process_row(fig: ProcessFigures, name: str) -> tuple[str, ...]:
+    return (
+        name,
+        "-" if fig.pid is None else str(fig.pid),
+        f"{fig.cpu_util * 100:.0f}%",
+        size(fig.uss_bytes),
+        size(fig.pss_bytes),
+    )
+
+
+def processes_table(m: Measurement) -> Table:
+    """CPU (100% = one core busy) and memory of each process over the measured windows."""
+    table = Table(title="Processes over the measured windows", title_justify="left")
+    for col, justify in (
+        ("process", "left"),
+        ("pid", "right"),
+        ("CPU", "right"),
+        ("USS", "right"),
+        ("PSS", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    procs = m.processes
+    table.add_row(*_process_row(procs.main, "main (loop, collation, unpickling)"))
+    if procs.pin_memory_thread is not None:
+        table.add_row(*_process_row(procs.pin_memory_thread, "  pin-memory thread"))
+    for w in procs.workers:
+        table.add_row(*_process_row(w, f"worker {w.worker_id}"))
+    if procs.workers:
+        busy = sum(w.cpu_util for w in procs.workers)
+        uss = sum(w.uss_bytes or 0 for w in procs.workers)
+        table.add_row("all workers", "", f"{busy * 100:.0f}%", size(uss), "", style="bold")
+    return table
+
+
+def measurement_summary(m: Measurement) -> Table:
+    s, w = m.spread, m.window
+    epochs = f", {w.epochs} epoch{'s' if w.epochs != 1 else ''} completed" if w.epochs else ""
+    restarts = ""
+    if m.epoch_restart_s:
+        mean = sum(m.epoch_restart_s) / len(m.epoch_restart_s)
+        restarts = f"; each new epoch waited {mean:.2f} s for its first batch"
+    rows = [
+        ("config", m.config.label()),
+        ("start-up", f"{m.startup_s:.2f} s to the first batch{restarts}"),
+        ("warm-up", f"{w.warmup_batches} batches discarded ({w.warmup_s:.2f} s after the first)"),
+        (
+            "steady state",
+            f"{rate(m.samples_per_s)} samples/s ± {s.rel * 50:.1f}%  "
+            f"({rate(m.batches_per_s)} batches/s)",
+        ),
+        (
+            "spread",
+            f"{len(s.windows)} windows: median {rate(s.median)}, "
+            f"range {rate(s.min)}–{rate(s.max)} samples/s",
+        ),
+        (
+            "measured",
+            f"{w.batches} batches, {w.samples} samples in {w.seconds:.1f} s{epochs} ({w.method})",
+        ),
+        ("/dev/shm peak", size(m.processes.shm_peak_bytes) + " above its level at start"),
+    ]
+    title = f"feedrate measure {m.target}" if m.target else "feedrate measure"
+    return _kv_table(rows, title=title)
+
+
+def measurement(m: Measurement) -> RenderableType:
+    """The whole console report of one measurement."""
+    parts: list[Any] = [measurement_summary(m), Text(""), processes_table(m)]
+    for note in m.notes:
+        parts.append(Text(f"note: {note}", style="yellow"))
+    return Group(*parts)

@@ -1,0 +1,151 @@
+"""Result objects: plain, typed data that serializes to JSON and back, so a saved run can be
+rendered again without measuring again.
+
+Schema ``feedrate.measure/1`` (documented in docs/json-schema.md): ``schema``, ``feedrate_version``,
+``machine``, ``target``, ``config``, ``batch_size``, ``samples_per_s``, ``batches_per_s``,
+``spread``, ``startup_s``, ``epoch_restart_s``, ``warmup``, ``window``, ``processes``, ``notes``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from feedrate.config import LoaderConfig
+from feedrate.probe import ProbeReport
+from feedrate.windows import Rate
+
+MEASURE_SCHEMA = "feedrate.measure/1"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Steady-state samples/s of each window and their summary."""
+
+    windows: list[float]
+    median: float
+    min: float
+    max: float
+    stdev: float
+
+    @property
+    def rel(self) -> float:
+        """(max - min) / median, the relative width of the spread."""
+        return (self.max - self.min) / self.median if self.median > 0 else 0.0
+
+    @classmethod
+    def of(cls, rate: Rate) -> Spread:
+        return cls(list(rate.windows), rate.median, rate.min, rate.max, rate.stdev)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "windows": self.windows,
+            "median": self.median,
+            "min": self.min,
+            "max": self.max,
+            "stdev": self.stdev,
+            "rel": self.rel,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Spread:
+        return cls(list(d["windows"]), d["median"], d["min"], d["max"], d["stdev"])
+
+
+@dataclass(frozen=True)
+class WindowSummary:
+    """The steady state measured: totals over all windows, and how they were taken."""
+
+    batches: int
+    samples: int
+    seconds: float
+    epochs: int
+    method: str
+    warmup_batches: int
+    warmup_s: float
+
+
+@dataclass
+class Measurement:
+    """One DataLoader configuration, measured. Rates in samples/s and batches/s, times in s."""
+
+    config: LoaderConfig
+    samples_per_s: float
+    batches_per_s: float
+    spread: Spread
+    startup_s: float
+    epoch_restart_s: list[float]
+    window: WindowSummary
+    processes: ProbeReport
+    machine: dict[str, Any]
+    batch_size: int | None = None
+    target: str | None = None
+    notes: list[str] = field(default_factory=list)
+    feedrate_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        w = self.window
+        return {
+            "schema": MEASURE_SCHEMA,
+            "feedrate_version": self.feedrate_version,
+            "machine": self.machine,
+            "target": self.target,
+            "config": self.config.to_dict(),
+            "batch_size": self.batch_size,
+            "samples_per_s": self.samples_per_s,
+            "batches_per_s": self.batches_per_s,
+            "spread": self.spread.to_dict(),
+            "startup_s": self.startup_s,
+            "epoch_restart_s": self.epoch_restart_s,
+            "warmup": {"batches": w.warmup_batches, "seconds": w.warmup_s},
+            "window": {
+                "batches": w.batches,
+                "samples": w.samples,
+                "seconds": w.seconds,
+                "epochs": w.epochs,
+                "method": w.method,
+            },
+            "processes": self.processes.to_dict(),
+            "notes": self.notes,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Measurement:
+        if d.get("schema") != MEASURE_SCHEMA:
+            raise ValueError(f"not a {MEASURE_SCHEMA} document (schema: {d.get('schema')!r})")
+        win, warm = d["window"], d["warmup"]
+        return cls(
+            config=LoaderConfig.from_dict(d["config"]),
+            samples_per_s=d["samples_per_s"],
+            batches_per_s=d["batches_per_s"],
+            spread=Spread.from_dict(d["spread"]),
+            startup_s=d["startup_s"],
+            epoch_restart_s=list(d.get("epoch_restart_s", [])),
+            window=WindowSummary(
+                batches=win["batches"],
+                samples=win["samples"],
+                seconds=win["seconds"],
+                epochs=win["epochs"],
+                method=win["method"],
+                warmup_batches=warm["batches"],
+                warmup_s=warm["seconds"],
+            ),
+            processes=ProbeReport.from_dict(d["processes"]),
+            machine=d.get("machine", {}),
+            batch_size=d.get("batch_size"),
+            target=d.get("target"),
+            notes=list(d.get("notes", [])),
+            feedrate_version=d.get("feedrate_version", ""),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Measurement:
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,294 @@
+"""Resolve a TARGET (``path/to/file.py:NAME`` or ``package.module:NAME``) to the user's DataLoader.
+
+NAME is a ``torch.utils.data.DataLoader`` or a zero-argument callable returning one. Every way this
+can fail raises :class:`~feedrate.errors.TargetError` with a one-line message meant for the user;
+when the user's own code raised, that exception is kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import itertools
+import os
+import sys
+import sysconfig
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+from torch.utils.data import DataLoader, Dataset
+
+from feedrate.errors import TargetError
+
+__all__ = ["TargetKind", "TargetSpec", "load_target", "parse_target"]
+
+TargetKind = Literal["file", "module"]
+
+_T = TypeVar("_T")
+_FORM = "expected path/to/file.py:NAME or package.module:NAME"
+_NOT_LOADER = "not a torch.utils.data.DataLoader or a zero-argument callable returning one"
+_MAX_FRAMES = 4  # the deepest user frames shown in one-line error messages
+_MAX_MESSAGE = 160  # characters of the user's exception message shown
+_FEEDRATE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_STDLIB_DIRS = {os.path.realpath(sysconfig.get_path(k)) + os.sep for k in ("stdlib", "platstdlib")}
+_SEPARATORS = [s for s in ("/", os.sep, os.altsep) if s]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A parsed TARGET. ``str()`` gives it back as ``location:name``.
+
+    ``location`` is a file path exactly as the user wrote it (``kind == "file"``) or a dotted
+    module name (``kind == "module"``); ``name`` is an attribute path in it, e.g. ``loader`` or
+    ``cfg.train``.
+    """
+
+    kind: TargetKind
+    location: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.location}:{self.name}"
+
+
+def parse_target(spec: str) -> TargetSpec:
+    """Split ``spec`` at its last colon; raise TargetError unless it has the form of a TARGET.
+
+    The location is a file when it ends in ``.py`` or contains a path separator, otherwise a
+    dotted module name. Nothing is imported or checked on disk here.
+    """
+    location, colon, name = spec.rpartition(":")
+    if not colon:
+        raise _bad_form(spec, "no ':NAME'")
+    if not location or not name:
+        raise _bad_form(spec, "empty location" if not location else "empty NAME")
+    if not _is_dotted_identifier(name):
+        raise _bad_form(spec, f"NAME {name!r} is not a Python name")
+    if location.endswith(".py") or any(s in location for s in _SEPARATORS):
+        return TargetSpec("file", location, name)
+    if not _is_dotted_identifier(location):
+        raise _bad_form(spec, f"{location!r} is neither a .py file nor a dotted module name")
+    return TargetSpec("module", location, name)
+
+
+def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
+    """Import the TARGET's file or module and return its DataLoader (calling NAME if needed).
+
+    A file is imported under its stem as module name (or a unique ``_feedrate_target_*`` name when
+    that name is taken by another module) and registered in ``sys.modules``; its directory is put
+    first on ``sys.path``. Both let spawned DataLoader workers unpickle classes defined in the file.
+    A file already imported under its stem is reused, not executed again.
+    Raises TargetError for every failure; KeyboardInterrupt propagates.
+    """
+    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
+    if target.kind == "file":
+        module = _import_file(target)
+    else:
+        module = _run_user(target, "importing it", lambda: _import_module(target.location))
+    value = _run_user(target, "getting it", lambda: _resolve(module, target))
+    return _as_loader(value, target)
+
+
+def _import_file(target: TargetSpec) -> ModuleType:
+    path = Path(target.location)
+    if not path.is_file():
+        what = "not a file" if path.exists() else "no such file"
+        raise TargetError(f"{what}: {target.location}")
+    filename = os.path.abspath(path)
+    directory = os.path.dirname(filename)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    existing = sys.modules.get(path.stem)
+    existing_file = getattr(existing, "__file__", None)
+    if existing is not None and existing_file and _same(existing_file, filename):
+        return existing
+    name = _free_module_name(path.stem)
+    # An explicit loader: spec_from_file_location finds none for names not ending in .py.
+    loader = importlib.machinery.SourceFileLoader(name, filename)
+    module_spec = importlib.util.spec_from_file_location(name, filename, loader=loader)
+    assert module_spec is not None  # never None when a loader is given
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        _run_user(target, "importing it", lambda: loader.exec_module(module))
+    except BaseException:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+        raise
+    return module
+
+
+def _free_module_name(stem: str) -> str:
+    """``stem`` when it is a free module name, else a fresh ``_feedrate_target_<stem>_<n>``."""
+    if stem.isidentifier() and stem not in sys.modules:
+        return stem
+    safe = "".join(c if c.isalnum() else "_" for c in stem)
+    names = (f"_feedrate_target_{safe}_{n}" for n in itertools.count())
+    return next(name for name in names if name not in sys.modules)
+
+
+def _import_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        # Only the target (or a parent package) missing is a bad TARGET; any other missing module
+        # was imported by the user's code and is reported as its exception by _run_user.
+        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+            raise
+        hint = name.replace(".", os.sep) + ".py"
+        extra = f" (there is a file {hint} here: use {hint}:NAME)" if os.path.isfile(hint) else ""
+        raise TargetError(f"no module named {name!r}{extra}") from exc
+
+
+def _resolve(module: ModuleType, target: TargetSpec) -> object:
+    value: object = module
+    missing = object()
+    parts = target.name.split(".")
+    for i, part in enumerate(parts):
+        found = getattr(value, part, missing)
+        if found is missing:
+            if i == 0:
+                namespace: Mapping[str, object] = vars(module)
+                raise TargetError(f"{target.location} has no name {part!r}{_hint(part, namespace)}")
+            owner = f"{target.location}:{'.'.join(parts[:i])}"
+            namespace = dict.fromkeys(dir(value))
+            raise TargetError(f"{owner} has no attribute {part!r}{_hint(part, namespace)}")
+        value = found
+    return value
+
+
+def _hint(name: str, namespace: Mapping[str, object]) -> str:
+    """' (did you mean ...?)' from close public names, else the DataLoaders present, else ''."""
+    public = [n for n in namespace if not n.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=3)
+    if close:
+        return f" (did you mean {' or '.join(map(repr, close))}?)"
+    loaders = [n for n in public if isinstance(namespace[n], DataLoader)][:5]
+    return f" (DataLoaders it defines: {', '.join(loaders)})" if loaders else ""
+
+
+def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:
+    if isinstance(value, DataLoader):
+        return value
+    if not callable(value):
+        hint = ": wrap the Dataset in a DataLoader" if isinstance(value, Dataset) else ""
+        raise TargetError(f"{target} is {_a(value)}, {_NOT_LOADER}{hint}")
+    required = _required_parameters(value)
+    if required:
+        raise TargetError(
+            f"{target} needs arguments ({', '.join(required)}), but {target.name} must take"
+            f" none: point the TARGET at a function without parameters that builds the loader"
+        )
+    result = _run_user(target, "calling it", value)
+    if not isinstance(result, DataLoader):
+        hint = " (does it end with 'return loader'?)" if result is None else ""
+        raise TargetError(f"{target} returned {_a(result)}, not a DataLoader{hint}")
+    return result
+
+
+def _required_parameters(fn: Callable[..., object]) -> list[str]:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature available (some builtins): just call it
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
+
+
+def _run_user(target: TargetSpec, action: str, fn: Callable[[], _T]) -> _T:
+    """Run the user's code; turn what it raises into a one-line TargetError (cause kept).
+
+    TargetError passes through; KeyboardInterrupt propagates; SystemExit becomes a TargetError.
+    """
+    try:
+        return fn()
+    except TargetError:
+        raise
+    except SystemExit as exc:
+        where = _where(exc)
+        advice = ': guard script code with if __name__ == "__main__":' if "import" in action else ""
+        code = _clip(repr(exc.code))
+        raise TargetError(f"{target}: {action} called sys.exit({code}){where}{advice}") from exc
+    except Exception as exc:
+        raise TargetError(f"{target}: {action} raised {_summary(exc)}{_where(exc)}") from exc
+
+
+def _summary(exc: BaseException) -> str:
+    """``Type: first line of the message``, truncated to _MAX_MESSAGE characters."""
+    try:
+        text = exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)
+    except Exception:  # a user's __str__ can fail too
+        text = ""
+    first = _clip(text)
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _clip(text: str) -> str:
+    """The first line of ``text``, at most _MAX_MESSAGE characters; '...' marks what was cut."""
+    lines = [line.strip() for line in text.strip().splitlines()]
+    first = lines[0] if lines else ""
+    if len(first) > _MAX_MESSAGE:
+        return first[: _MAX_MESSAGE - 3] + "..."
+    return first + " ..." if len(lines) > 1 else first
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at file:line in func; ...)`` for the deepest user frames, or '' when there are none."""
+    places = [f"{_display_path(f.filename)}:{f.lineno} in {f.name}" for f in _user_frames(exc)]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        places.append(f"{_display_path(exc.filename)}:{exc.lineno}")
+    return f" (at {'; '.join(places[-_MAX_FRAMES:])})" if places else ""
+
+
+def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """Frames outside importlib's bootstrap and feedrate; of those, the ones outside the standard
+    library and installed packages when there are any (else all, so a failure in an installed
+    package still has a location)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _origin(f.filename) != "ours"]
+    own = [f for f in frames if _origin(f.filename) == "user"]
+    return own or frames
+
+
+def _origin(filename: str) -> Literal["ours", "library", "user"]:
+    """'ours' for importlib's frozen bootstrap and feedrate, 'library' for the standard library
+    and installed packages, else 'user'."""
+    real = os.path.realpath(filename)
+    if filename.startswith("<") or real.startswith(_FEEDRATE_DIR):
+        return "ours"
+    parts = Path(real).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        return "library"
+    return "library" if any(real.startswith(d) for d in _STDLIB_DIRS) else "user"
+
+
+def _display_path(filename: str) -> str:
+    """Relative to the working directory when under it, else as recorded."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith(os.pardir) else relative
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _is_dotted_identifier(text: str) -> bool:
+    return all(part.isidentifier() for part in text.split("."))
+
+
+def _bad_form(spec: str, reason: str) -> TargetError:
+    return TargetError(f"bad TARGET {spec!r} ({reason}): {_FORM}")
+
+
+def _a(value: object) -> str:
+    """'a list', 'an int', 'None': the value's type with an article, for messages."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

@@ -1,0 +1,274 @@
+"""The timing core of a measurement: warm-up, steady-state windows, epochs. Pure logic over an
+iterator factory and an injectable clock, so it is tested without depending on speed.
+
+How a run goes:
+
+* ``iter()`` is called and the time to the first batch is the start-up (for later epochs: the
+  epoch restart), never mixed into the steady state;
+* the first ``warmup_batches`` batches of every epoch are discarded. The caller sets it to cover
+  one batch from every worker *and* the queue the workers filled meanwhile
+  (``num_workers × prefetch_factor``), so prefetched work is not credited to the window;
+* the remaining batches are counted in ``windows`` consecutive windows, each closed after its share
+  of the batch or time budget; the spread across windows is the noise estimate;
+* an epoch that ends early closes the open window as partial and a new epoch begins; when no epoch
+  is long enough to get past warm-up, whole epochs (start-up included) are timed instead, and the
+  result says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Clock = Callable[[], float]
+Method = Literal["windows", "whole-epochs"]
+
+#: A window closed by time still waits for this many batches, so one slow batch is not a rate.
+MIN_BATCHES_PER_WINDOW = 2
+
+
+class EmptyLoaderError(Exception):
+    """The loader's iterator ended without yielding a single batch."""
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How much to measure: ``batches`` or ``seconds`` in total (steady state only), split into
+    ``windows`` windows. ``max_epochs`` bounds the run when epochs are tiny."""
+
+    windows: int = 5
+    batches: int | None = None
+    seconds: float | None = 10.0
+    warmup_batches: int = 1
+    max_epochs: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.windows < 1:
+            raise ValueError("windows must be 1 or more")
+        if self.batches is None and self.seconds is None:
+            raise ValueError("give batches or seconds")
+        if self.batches is not None and self.batches < self.windows:
+            raise ValueError(f"batches must be at least the number of windows ({self.windows})")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError("seconds must be positive")
+
+    @property
+    def batches_per_window(self) -> int | None:
+        return None if self.batches is None else math.ceil(self.batches / self.windows)
+
+    @property
+    def seconds_per_window(self) -> float | None:
+        return None if self.seconds is None else self.seconds / self.windows
+
+
+@dataclass
+class Window:
+    """One steady-state window: ``batches`` and ``samples`` that arrived during ``seconds``."""
+
+    start: float
+    seconds: float = 0.0
+    batches: int = 0
+    samples: int = 0
+    full: bool = False
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Timeline:
+    """What a run saw, in seconds of the injected clock."""
+
+    startup_s: float = 0.0
+    epoch_restart_s: list[float] = field(default_factory=list)
+    warmup_s: float = 0.0
+    warmup_batches: int = 0
+    windows: list[Window] = field(default_factory=list)
+    epochs: int = 0
+    method: Method = "windows"
+
+
+@dataclass
+class Hooks:
+    """Called at window boundaries and per batch (e.g. to read CPU counters, kick a watchdog)."""
+
+    window_open: Callable[[], None] = lambda: None
+    window_close: Callable[[], None] = lambda: None
+    batch: Callable[[], None] = lambda: None
+
+
+def run(
+    make_iter: Callable[[], Iterable[Any]],
+    plan: WindowPlan,
+    count_samples: Callable[[Any], int],
+    *,
+    clock: Clock,
+    hooks: Hooks | None = None,
+    epoch_length: int | None = None,
+) -> Timeline:
+    """Measure ``make_iter()``'s batches according to ``plan``. Raises ``EmptyLoaderError`` if an
+    epoch yields nothing; exceptions from the iterator propagate unchanged.
+
+    With ``epoch_length`` (batches per epoch, when known) the window closes at the epoch's last
+    batch, before the iterator is asked for more: DataLoader shuts non-persistent workers down
+    when it signals the end, and the window-close hook should still see them."""
+    runner = _Runner(plan, count_samples, clock, hooks or Hooks(), epoch_length)
+    while not runner.done() and runner.timeline.epochs < plan.max_epochs:
+        runner.epoch(make_iter)
+        if runner.timeline.method == "windows" and runner.epoch_too_short():
+            runner.timeline.method = "whole-epochs"
+    return runner.timeline
+
+
+class _Runner:
+    def __init__(
+        self,
+        plan: WindowPlan,
+        count: Callable[[Any], int],
+        clock: Clock,
+        hooks: Hooks,
+        epoch_length: int | None,
+    ):
+        self.plan, self.count, self.clock, self.hooks = plan, count, clock, hooks
+        self.epoch_length = epoch_length
+        self.timeline = Timeline()
+        self.open: Window | None = None
+        self._epoch_batches = 0
+
+    def done(self) -> bool:
+        """Enough full windows, or enough windows (some partial, from short epochs) that together
+        cover the planned budget."""
+        wins = self.timeline.windows
+        if sum(1 for w in wins if w.full) >= self.plan.windows:
+            return True
+        if len(wins) < self.plan.windows:
+            return False
+        if self.plan.batches is not None:
+            return sum(w.batches for w in wins) >= self.plan.batches
+        return sum(w.seconds for w in wins) >= (self.plan.seconds or 0.0)
+
+    def epoch_too_short(self) -> bool:
+        return self._epoch_batches <= self.plan.warmup_batches and not self.timeline.windows
+
+    def epoch(self, make_iter: Callable[[], Iterable[Any]]) -> None:
+        whole = self.timeline.method == "whole-epochs"
+        t_call = self.clock()
+        if whole:
+            self._open(t_call)
+        iterator: Iterator[Any] = iter(make_iter())
+        self._epoch_batches = 0
+        for batch in iterator:
+            now = self.clock()
+            self.hooks.batch()
+            self._epoch_batches += 1
+            if self._epoch_batches == 1:
+                self._record_first(now - t_call)
+            if whole:
+                self._add(batch, now, close_when_full=False)
+            elif self._epoch_batches <= self.plan.warmup_batches:
+                self._warmup(now, t_call)
+            elif self._add(batch, now, close_when_full=True) and self.done():
+                return
+            if self._epoch_batches == self.epoch_length and self.open is not None:
+                self._close(now, full=whole)
+        if self._epoch_batches == 0:
+            raise EmptyLoaderError("the loader yielded no batch")
+        self.timeline.epochs += 1
+        if self.open is not None:
+            self._close(self.open.start + self.open.seconds, full=whole)
+
+    def _record_first(self, seconds: float) -> None:
+        if self.timeline.epochs == 0:
+            self.timeline.startup_s = seconds
+        else:
+            self.timeline.epoch_restart_s.append(seconds)
+
+    def _warmup(self, now: float, t_call: float) -> None:
+        self.timeline.warmup_batches += 1
+        if self._epoch_batches == self.plan.warmup_batches:
+            if self.timeline.epochs == 0:
+                self.timeline.warmup_s = now - t_call - self.timeline.startup_s
+            self._open(now)
+
+    def _open(self, now: float) -> None:
+        self.open = Window(start=now)
+        self.hooks.window_open()
+
+    def _add(self, batch: Any, now: float, *, close_when_full: bool) -> bool:
+        """Count ``batch`` into the open window; returns True when that closed the window."""
+        if self.open is None:  # only after a window closed mid-epoch: the next one starts here
+            self._open(now)
+            return False
+        win = self.open
+        win.batches += 1
+        win.samples += self.count(batch)
+        win.seconds = now - win.start
+        if close_when_full and self._full(win):
+            self._close(now, full=True)
+            if not self.done():
+                self._open(now)
+            return True
+        return False
+
+    def _full(self, win: Window) -> bool:
+        by_batches = self.plan.batches_per_window
+        if by_batches is not None and win.batches >= by_batches:
+            return True
+        by_time = self.plan.seconds_per_window
+        return (
+            by_time is not None and win.seconds >= by_time and win.batches >= MIN_BATCHES_PER_WINDOW
+        )
+
+    def _close(self, now: float, *, full: bool) -> None:
+        win = self.open
+        self.open = None
+        if win is None:
+            return
+        self.hooks.window_close()
+        win.seconds = now - win.start
+        win.full = full
+        if win.batches > 0 and win.seconds > 0:
+            self.timeline.windows.append(win)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Steady-state rate over the windows, with its spread (samples/s)."""
+
+    samples_per_s: float
+    batches_per_s: float
+    windows: list[float]
+    median: float
+    min: float
+    max: float
+    stdev: float
+
+    @property
+    def rel_spread(self) -> float:
+        """(max - min) / median: how far apart the windows were, as a fraction."""
+        return (self.max - self.min) / self.median if self.median > 0 else 0.0
+
+
+def summarize(windows: list[Window]) -> Rate:
+    """Aggregate rate (total samples / total seconds) and the per-window spread. Partial windows
+    count in the aggregate; the spread uses full windows only when there are any."""
+    seconds = sum(w.seconds for w in windows)
+    samples = sum(w.samples for w in windows)
+    batches = sum(w.batches for w in windows)
+    spread_from = [w for w in windows if w.full] or windows
+    rates = [w.samples_per_s for w in spread_from]
+    if not rates or seconds <= 0:
+        return Rate(0.0, 0.0, [], 0.0, 0.0, 0.0, 0.0)
+    return Rate(
+        samples_per_s=samples / seconds,
+        batches_per_s=batches / seconds,
+        windows=rates,
+        median=statistics.median(rates),
+        min=min(rates),
+        max=max(rates),
+        stdev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
+    )

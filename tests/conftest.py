@@ -1,0 +1,52 @@
+"""Shared fixtures. The autouse ``no_leaks`` fixture fails any test that leaves a child process
+(a DataLoader worker, a subprocess) or a non-daemon thread behind."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+
+def _children() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    before_procs = {p.pid for p in _children()}
+    before_threads = set(threading.enumerate())
+    yield
+    # Workers get a grace period to exit: DataLoader shuts them down with a join timeout.
+    deadline = time.monotonic() + 5.0
+    leaked: list[psutil.Process] = []
+    while True:
+        leaked = [p for p in _children() if p.pid not in before_procs and _alive(p)]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for p in leaked:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    threads = [
+        t
+        for t in threading.enumerate()
+        if t not in before_threads and t.is_alive() and not t.daemon
+    ]
+    assert not leaked, f"test left child processes alive: {[p.pid for p in leaked]}"
+    assert not threads, f"test left threads alive: {[t.name for t in threads]}"
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
