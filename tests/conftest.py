@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -12,10 +13,20 @@ import pytest
 
 
 def _children() -> list[psutil.Process]:
+    """Child processes, less multiprocessing's resource tracker: the first spawn-context user
+    starts it, and it rightly lives as long as the test session."""
     try:
-        return psutil.Process().children(recursive=True)
+        children = psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
+    return [p for p in children if not _is_resource_tracker(p)]
+
+
+def _is_resource_tracker(p: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in p.cmdline())
+    except psutil.Error:
+        return False
 
 
 @pytest.fixture(autouse=True)
@@ -32,10 +43,8 @@ def no_leaks() -> Iterator[None]:
             break
         time.sleep(0.05)
     for p in leaked:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     threads = [
         t
         for t in threading.enumerate()

@@ -7,6 +7,7 @@ measured, 130 interrupted.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -129,13 +130,12 @@ def measure(
     from feedrate import render
     from feedrate.config import LoaderConfig, config_of
     from feedrate.measure import measure as run_measure
-    from feedrate.target import load_target
 
     if batches is not None and seconds is not None:
         raise UserError("give --batches or --seconds, not both")
     if persistent_workers and num_workers == 0:
         raise UserError("--persistent-workers needs workers (-w 1 or more)")
-    loader = load_target(target)
+    loader = _load(target)
     own = config_of(loader)
     workers = own.num_workers if num_workers is None else num_workers
     config = LoaderConfig(
@@ -161,6 +161,15 @@ def measure(
         _write_json(json_path, result.to_dict())
 
 
+def _load(target: str) -> Any:
+    from feedrate.target import load_target
+
+    # As `python -m` does: a package.module target is looked up from the current directory too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_target(target)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns feedrate's errors into one-line
     messages and exit statuses, never a traceback for a user mistake."""
@@ -174,9 +183,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
-        _err.print("feedrate: interrupted", style="red", highlight=False)
+        click.secho("feedrate: interrupted", fg="red", err=True)
         sys.exit(130)
     except FeedrateError as exc:
-        _err.print(f"feedrate: error: {exc}", style="red", highlight=False, markup=False)
+        # One unwrapped line: scripts grep it, people read it.
+        click.secho(f"feedrate: error: {exc}", fg="red", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

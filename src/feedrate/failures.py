@@ -148,10 +148,28 @@ def _worker_deaths(iterator: object) -> list[tuple[int, int | None, int]]:
     return out
 
 
+_KILLED_BY = re.compile(r"pid (\d+)\) is killed by signal: ([^.]+)")
+
+
+def _deaths_from_text(text: str) -> list[tuple[int, int | None, int]]:
+    """DataLoader's own words, for when the exit status cannot be read (already reaped)."""
+    found = _KILLED_BY.search(text)
+    if not found:
+        return []
+    by_description = {signal.strsignal(s): s for s in signal.Signals}
+    sig = by_description.get(found.group(2).strip())
+    return [] if sig is None else [(-1, int(found.group(1)), -int(sig))]
+
+
 def _killed_message(deaths: list[tuple[int, int | None, int]], fallback: str) -> str:
     if not deaths:
         return f"a DataLoader worker died: {fallback}"
     worker_id, pid, code = deaths[0]
+    who = (
+        f"DataLoader worker {worker_id} (pid {pid})"
+        if worker_id >= 0
+        else f"DataLoader worker (pid {pid})"
+    )
     if code < 0:
         sig = signal.Signals(-code)
         cause = _SIGNAL_CAUSES.get(sig, "see the worker's own output above")
@@ -159,7 +177,7 @@ def _killed_message(deaths: list[tuple[int, int | None, int]], fallback: str) ->
     else:
         what = f"exited with status {code}"
     more = f" ({len(deaths) - 1} more workers died too)" if len(deaths) > 1 else ""
-    return f"DataLoader worker {worker_id} (pid {pid}) {what}{more}"
+    return f"{who} {what}{more}"
 
 
 _WORKER_DIED = re.compile(r"DataLoader worker \(pid.*(exited unexpectedly|killed by signal)")
@@ -215,6 +233,7 @@ def explain(exc: BaseException, iterator: object) -> PipelineError | None:
     if _WORKER_DIED.search(text) or (
         isinstance(exc, RuntimeError) and deaths and not _CAUGHT.search(text)
     ):
+        deaths = [d for d in deaths if d[2] != -signal.SIGTERM] or deaths or _deaths_from_text(text)
         return WorkerKilledError(_killed_message(deaths, text.splitlines()[0] if text else ""))
     caught = _CAUGHT.search(text)
     where = f" in worker {caught.group(2)}" if caught else " in the main process"

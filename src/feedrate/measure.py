@@ -171,8 +171,8 @@ def _run(
             raise PipelineError(msg) from exc
         except BaseException as exc:
             dog.disarm()
+            error = explain(exc, current["it"])  # before stop_workers, which adds SIGTERMs
             stop_workers(current["it"])
-            error = explain(exc, current["it"])
             if error is not None:
                 raise error from exc
             raise

@@ -1,0 +1,180 @@
+"""The command line as a user meets it: as ``feedrate`` and ``python -m feedrate``, exit statuses,
+one-line errors without tracebacks, JSON output, and Ctrl-C leaving no worker behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from feedrate.cli import main
+
+TESTS = Path(__file__).parent
+
+
+def write_target(tmp_path: Path, body: str, name: str = "pipe.py") -> Path:
+    path = tmp_path / name
+    path.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n{body}\n")
+    return path
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "feedrate", *args], capture_output=True, text=True, timeout=120
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture
+def tiny_target(tmp_path: Path) -> str:
+    body = (
+        "from torch.utils.data import DataLoader\nfrom pipelines import TinyDataset\n"
+        "loader = DataLoader(TinyDataset(256), batch_size=8)\n"
+    )
+    return f"{write_target(tmp_path, body)}:loader"
+
+
+def test_measure_prints_figures_and_writes_json(tiny_target: str, tmp_path: Path) -> None:
+    out = tmp_path / "m.json"
+    code, stdout, stderr = run_cli(
+        "measure", tiny_target, "-w", "2", "--batches", "20", "--json", str(out)
+    )
+    assert code == 0, stderr
+    for expected in ("start-up", "steady state", "samples/s", "worker 0", "worker 1", "USS"):
+        assert expected in stdout
+    data = json.loads(out.read_text())
+    assert data["schema"] == "feedrate.measure/1"
+    assert data["config"]["num_workers"] == 2
+    assert len(data["processes"]["workers"]) == 2
+
+
+def test_env_prints_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    code, stdout, _ = run_cli("env", "--json", str(out))
+    assert code == 0
+    assert "usable CPUs" in stdout and "/dev/shm" in stdout
+    assert json.loads(out.read_text())["machine"]["cpus_usable"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        ("nowhere/missing.py:loader", "no such file: nowhere/missing.py"),
+        ("no_such_module_zz:loader", "no module named 'no_such_module_zz'"),
+        ("loader_without_colon", "expected path/to/file.py:NAME"),
+    ],
+)
+def test_bad_targets_exit_2_with_one_line(target: str, expected: str) -> None:
+    code, _, stderr = run_cli("measure", target)
+    assert code == 2
+    assert expected in stderr
+    assert "Traceback" not in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+def test_user_import_error_is_one_line_with_frames(tmp_path: Path) -> None:
+    target = write_target(tmp_path, "x = 1 / 0", name="broken.py")
+    code, _, stderr = run_cli("measure", f"{target}:loader")
+    assert code == 2
+    assert "ZeroDivisionError: division by zero" in stderr
+    assert "broken.py:3" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_wrong_type_and_missing_name(tmp_path: Path) -> None:
+    target = write_target(tmp_path, "rows = [1, 2]\nloader_fn = None")
+    code, _, stderr = run_cli("measure", f"{target}:rows")
+    assert code == 2 and "is a list" in stderr
+    code, _, stderr = run_cli("measure", f"{target}:loader")
+    assert code == 2 and "has no name 'loader'" in stderr
+
+
+def test_pipeline_failure_exits_3(tmp_path: Path) -> None:
+    body = (
+        "from torch.utils.data import DataLoader\nfrom pipelines import FailingDataset\n"
+        "loader = DataLoader(FailingDataset(bad_index=5), batch_size=4)\n"
+    )
+    target = write_target(tmp_path, body)
+    code, _, stderr = run_cli("measure", f"{target}:loader", "-w", "2", "--batches", "50")
+    assert code == 3
+    assert "ValueError: corrupt record 5" in stderr and "sample index 5" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_conflicting_options_exit_2(tiny_target: str) -> None:
+    code, _, stderr = run_cli("measure", tiny_target, "--batches", "5", "--seconds", "1")
+    assert code == 2 and "not both" in stderr
+    code, _, stderr = run_cli("measure", tiny_target, "-w", "-1")
+    assert code == 2
+
+
+def test_in_process_main_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    assert "measure" in capsys.readouterr().out
+
+
+def test_console_script_is_installed() -> None:
+    exe = Path(sys.executable).with_name("feedrate")
+    assert exe.exists()
+    assert subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.startswith(
+        "feedrate"
+    )
+
+
+def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
+    body = (
+        "from torch.utils.data import DataLoader\nfrom pipelines import SleepDataset\n"
+        "loader = DataLoader(SleepDataset(4096, sleep_s=0.05), batch_size=4)\n"
+    )
+    target = write_target(tmp_path, body)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "feedrate",
+            "measure",
+            f"{target}:loader",
+            "-w",
+            "3",
+            "--seconds",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        workers = _wait_for_children(proc.pid, 3, timeout_s=60)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        interrupted = time.monotonic()
+        _, alive = psutil.wait_procs(workers, timeout=2.0)
+        elapsed = time.monotonic() - interrupted
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not alive, f"workers alive {elapsed:.1f} s after Ctrl-C: {[p.pid for p in alive]}"
+    assert proc.returncode == 130
+    assert "interrupted" in stderr and "Traceback" not in stderr
+
+
+def _wait_for_children(pid: int, count: int, timeout_s: float) -> list[psutil.Process]:
+    parent = psutil.Process(pid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        kids = parent.children(recursive=True)
+        if len(kids) >= count:
+            return kids
+        time.sleep(0.1)
+    raise AssertionError(f"feedrate did not start {count} workers in {timeout_s} s")

@@ -1,0 +1,93 @@
+"""Measurement on real DataLoaders with workers: the figures exist and are consistent, and the
+JSON round-trips. No timing thresholds: speed is proved in benchmarks/, not here."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from torch.utils.data import DataLoader
+
+from feedrate.config import LoaderConfig
+from feedrate.measure import measure
+from feedrate.results import MEASURE_SCHEMA, Measurement
+
+from pipelines import BusyDataset, ShardedStream, SleepDataset, TinyDataset
+
+
+def test_measure_with_workers_reports_every_process() -> None:
+    loader = DataLoader(BusyDataset(n=512, cpu_s=0.0005), batch_size=8)
+    m = measure(loader, LoaderConfig(num_workers=2), batches=40, windows_count=4)
+    assert m.config == LoaderConfig(2, False, 2, False)
+    assert m.samples_per_s > 0 and m.batches_per_s > 0
+    assert m.samples_per_s == pytest.approx(m.batches_per_s * 8)
+    assert len(m.spread.windows) == 4
+    assert m.spread.min <= m.spread.median <= m.spread.max
+    assert m.startup_s > 0
+    assert m.window.warmup_batches >= 2 + 4  # every worker + the prefetch queue
+    workers = m.processes.workers
+    assert [w.worker_id for w in workers] == [0, 1]
+    assert all(w.pid for w in workers)
+    assert sum(w.cpu_s for w in workers) > 0
+    assert all((w.uss_bytes or 0) > 0 for w in workers)
+    assert (m.processes.main.uss_bytes or 0) > 0
+
+
+def test_short_dataset_is_reiterated_and_restarts_recorded() -> None:
+    loader = DataLoader(TinyDataset(n=64), batch_size=8)  # 8 batches an epoch
+    m = measure(loader, LoaderConfig(num_workers=1), batches=30, windows_count=3)
+    assert m.window.epochs >= 3
+    assert len(m.epoch_restart_s) >= 2
+    assert m.window.batches >= 30
+
+
+def test_whole_epochs_when_epochs_shorter_than_warmup() -> None:
+    loader = DataLoader(TinyDataset(n=16), batch_size=8)  # 2 batches, warm-up is 3×(1+2)
+    m = measure(loader, LoaderConfig(num_workers=3), batches=6, windows_count=3)
+    assert m.window.method == "whole-epochs"
+    assert any("whole epochs" in n for n in m.notes)
+
+
+def test_iterable_dataset_and_no_batching() -> None:
+    m = measure(DataLoader(ShardedStream(256), batch_size=4), LoaderConfig(2), batches=10)
+    assert m.samples_per_s == pytest.approx(m.batches_per_s * 4)
+    m = measure(DataLoader(TinyDataset(64), batch_size=None), LoaderConfig(0), batches=10)
+    assert m.samples_per_s == pytest.approx(m.batches_per_s)
+
+
+def test_more_workers_than_cpus_no_warning_but_a_note() -> None:
+    loader = DataLoader(SleepDataset(n=256, sleep_s=0.001), batch_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = measure(loader, LoaderConfig(num_workers=12), batches=10, windows_count=2)
+    assert any("above the" in n and "usable CPUs" in n for n in m.notes)
+
+
+def test_persistent_workers_and_pin_memory_config() -> None:
+    loader = DataLoader(TinyDataset(n=64), batch_size=8)
+    m = measure(loader, LoaderConfig(2, False, 3, True), batches=20, windows_count=2)
+    assert m.config.persistent_workers and m.config.prefetch_factor == 3
+    assert not m.epoch_restart_s or max(m.epoch_restart_s) >= 0
+
+
+def test_json_schema_and_round_trip() -> None:
+    m = measure(DataLoader(TinyDataset(128), batch_size=16), LoaderConfig(1), batches=10)
+    data = json.loads(m.to_json())
+    assert data["schema"] == MEASURE_SCHEMA
+    for key in ("machine", "config", "samples_per_s", "spread", "startup_s", "processes"):
+        assert key in data
+    assert data["config"] == {
+        "num_workers": 1,
+        "pin_memory": False,
+        "prefetch_factor": 2,
+        "persistent_workers": False,
+    }
+    assert data["machine"]["cpus_usable"] >= 1
+    again = Measurement.from_json(m.to_json())
+    assert again.to_dict() == data
+
+
+def test_factory_source_is_accepted() -> None:
+    m = measure(lambda: DataLoader(TinyDataset(64), batch_size=8), batches=5, windows_count=1)
+    assert m.config.num_workers == 0
