@@ -1,5 +1,43 @@
-"""feedrate: measure and tune PyTorch DataLoader settings on this machine."""
+"""feedrate: measure and tune PyTorch DataLoader settings on this machine.
+
+import feedrate
+m = feedrate.measure(loader, feedrate.LoaderConfig(num_workers=4))
+print(m.samples_per_s, m.spread.rel, m.startup_s)
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+from feedrate.config import LoaderConfig, config_of, rebuild
+from feedrate.errors import (
+    FeedrateError,
+    PipelineError,
+    PipelineTimeoutError,
+    TargetError,
+    UserError,
+    WorkerKilledError,
+)
+from feedrate.machine import MachineFacts
+from feedrate.machine import collect as machine_facts
+from feedrate.measure import measure
+from feedrate.results import Measurement
+from feedrate.target import load_target
+
+__all__ = [
+    "FeedrateError",
+    "LoaderConfig",
+    "MachineFacts",
+    "Measurement",
+    "PipelineError",
+    "PipelineTimeoutError",
+    "TargetError",
+    "UserError",
+    "WorkerKilledError",
+    "__version__",
+    "config_of",
+    "load_target",
+    "machine_facts",
+    "measure",
+    "rebuild",
+]

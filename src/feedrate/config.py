@@ -38,8 +38,9 @@ _LOADER_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """The settings feedrate chooses. ``prefetch_factor`` and ``persistent_workers`` only mean
-    something with workers; ``normalized()`` drops them at ``num_workers=0``."""
+    """The settings feedrate chooses, stored as DataLoader applies them: with workers an unset
+    ``prefetch_factor`` becomes DataLoader's default (2); without workers ``prefetch_factor`` and
+    ``persistent_workers`` mean nothing and are dropped. So equal settings compare equal."""
 
     num_workers: int = 0
     pin_memory: bool = False
@@ -51,14 +52,16 @@ class LoaderConfig:
             raise UserError(f"num_workers must be 0 or more, got {self.num_workers}")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
             raise UserError(f"prefetch_factor must be 1 or more, got {self.prefetch_factor}")
+        if self.num_workers == 0:
+            object.__setattr__(self, "prefetch_factor", None)
+            object.__setattr__(self, "persistent_workers", False)
+        elif self.prefetch_factor is None:
+            object.__setattr__(self, "prefetch_factor", DEFAULT_PREFETCH_FACTOR)
 
     def normalized(self) -> LoaderConfig:
-        """The same settings as DataLoader will apply them (explicit prefetch_factor with workers,
-        none of the worker-only settings without)."""
-        if self.num_workers == 0:
-            return LoaderConfig(0, self.pin_memory, None, False)
-        prefetch = DEFAULT_PREFETCH_FACTOR if self.prefetch_factor is None else self.prefetch_factor
-        return LoaderConfig(self.num_workers, self.pin_memory, prefetch, self.persistent_workers)
+        """The settings as DataLoader applies them: the same object, since construction
+        normalizes (kept for callers that want to say so)."""
+        return self
 
     @property
     def queue_depth(self) -> int:

@@ -33,7 +33,11 @@ LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
 
 def count_samples(batch: Any, default: int = 1) -> int:
     """Samples in a collated batch: the leading dimension of its first tensor or array (looking
-    into sequences and mappings), else the length of a sequence of plain items, else ``default``."""
+    into sequences and mappings), else the length of a sequence of plain items, else ``default``.
+
+    A list whose items are samples rather than collated fields (an identity ``collate_fn``) is
+    counted by its length: default_collate never emits tuples or 0-d tensors as fields, so a head
+    that is either marks a list of samples; so does a list exactly ``default`` long."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) > 0 else default
@@ -44,7 +48,10 @@ def count_samples(batch: Any, default: int = 1) -> int:
         if not batch:
             return default
         head = batch[0]
-        nested = hasattr(head, "shape") or isinstance(head, Mapping | list | tuple)
+        head_shape = getattr(head, "shape", None)
+        if len(batch) == default > 1 or isinstance(head, tuple) or head_shape == ():
+            return len(batch)
+        nested = head_shape is not None or isinstance(head, Mapping | list)
         return count_samples(head, default) if nested else len(batch)
     return default
 

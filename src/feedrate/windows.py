@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Clock = Callable[[], float]
+
+#: Steady-state seconds measured when neither a batch count nor a duration is given.
+DEFAULT_SECONDS = 10.0
 Method = Literal["windows", "whole-epochs"]
 
 #: A window closed by time still waits for this many batches, so one slow batch is not a rate.
@@ -41,7 +44,7 @@ class WindowPlan:
 
     windows: int = 5
     batches: int | None = None
-    seconds: float | None = 10.0
+    seconds: float | None = None
     warmup_batches: int = 1
     max_epochs: int = 1000
 
@@ -49,7 +52,11 @@ class WindowPlan:
         if self.windows < 1:
             raise ValueError("windows must be 1 or more")
         if self.batches is None and self.seconds is None:
-            raise ValueError("give batches or seconds")
+            object.__setattr__(self, "seconds", DEFAULT_SECONDS)
+        if self.warmup_batches < 1:
+            raise ValueError("warmup_batches must be 1 or more: the first batch carries start-up")
+        if self.max_epochs < 1:
+            raise ValueError("max_epochs must be 1 or more")
         if self.batches is not None and self.batches < self.windows:
             raise ValueError(f"batches must be at least the number of windows ({self.windows})")
         if self.seconds is not None and self.seconds <= 0:
@@ -140,10 +147,11 @@ class _Runner:
         self._epoch_batches = 0
 
     def done(self) -> bool:
-        """Enough full windows, or enough windows (some partial, from short epochs) that together
-        cover the planned budget."""
+        """Enough full windows; or, when epochs cut windows short (and always when whole epochs
+        are timed), enough windows that together cover the planned budget."""
         wins = self.timeline.windows
-        if sum(1 for w in wins if w.full) >= self.plan.windows:
+        whole = self.timeline.method == "whole-epochs"
+        if not whole and sum(1 for w in wins if w.full) >= self.plan.windows:
             return True
         if len(wins) < self.plan.windows:
             return False
@@ -157,9 +165,11 @@ class _Runner:
     def epoch(self, make_iter: Callable[[], Iterable[Any]]) -> None:
         whole = self.timeline.method == "whole-epochs"
         t_call = self.clock()
-        if whole:
-            self._open(t_call)
         iterator: Iterator[Any] = iter(make_iter())
+        if whole:
+            # Opened once the epoch's workers exist (so the hook can read them), timed from the
+            # call: a whole epoch includes its start-up.
+            self._open(t_call)
         self._epoch_batches = 0
         for batch in iterator:
             now = self.clock()

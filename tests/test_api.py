@@ -1,0 +1,34 @@
+"""The public Python API is pinned: a change to it is a deliberate, reviewed change."""
+
+from __future__ import annotations
+
+import feedrate
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(feedrate.__all__) == [
+        "FeedrateError",
+        "LoaderConfig",
+        "MachineFacts",
+        "Measurement",
+        "PipelineError",
+        "PipelineTimeoutError",
+        "TargetError",
+        "UserError",
+        "WorkerKilledError",
+        "__version__",
+        "config_of",
+        "load_target",
+        "machine_facts",
+        "measure",
+        "rebuild",
+    ]
+    for name in feedrate.__all__:
+        assert hasattr(feedrate, name)
+
+
+def test_user_errors_exit_2_and_pipeline_errors_exit_3() -> None:
+    assert feedrate.TargetError("x").exit_code == 2
+    assert feedrate.UserError("x").exit_code == 2
+    assert feedrate.PipelineError("x").exit_code == 3
+    assert issubclass(feedrate.WorkerKilledError, feedrate.PipelineError)

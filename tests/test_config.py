@@ -1,0 +1,457 @@
+"""Tests for feedrate.config: LoaderConfig as plain data, config_of, and rebuild keeping what a
+loader yields while changing how it is produced."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+from feedrate.config import (
+    DEFAULT_PREFETCH_FACTOR,
+    LoaderConfig,
+    config_of,
+    is_iterable_style,
+    rebuild,
+)
+from feedrate.errors import UserError
+
+# --- doubles -----------------------------------------------------------------------------------
+
+
+class Squares(Dataset[torch.Tensor]):
+    """Item ``i`` is ``[i, i*i]``: batches show which indices they hold and in what order."""
+
+    def __init__(self, n: int = 23) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, i * i])
+
+
+class Counting(IterableDataset[int]):
+    def __init__(self, n: int = 11) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.n))
+
+
+class GrowingBatches(Sampler[list[int]]):
+    """Batches of 1, 2, 3, ... indices, taken backwards: nothing DataLoader would make itself."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(range(self.n - 1, -1, -1))
+        size = 1
+        while order:
+            yield order[:size]
+            order = order[size:]
+            size += 1
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def pairs_collate(items: list[torch.Tensor]) -> dict[str, Any]:
+    return {"x": torch.stack(items), "n": len(items)}
+
+
+def init_worker(worker_id: int) -> None:
+    torch.manual_seed(worker_id)
+
+
+class Scaled(DataLoader[Any]):
+    """A subclass whose constructor does not take DataLoader's arguments."""
+
+    def __init__(self, data: Any, scale: int) -> None:
+        super().__init__(data, batch_size=4)
+        self.scale = scale
+
+
+class Tagged(DataLoader[Any]):
+    """A subclass that keeps DataLoader's constructor."""
+
+
+def batches_of(loader: DataLoader[Any]) -> list[Any]:
+    """Every batch of one epoch (iterating to the end, so any workers exit)."""
+    return list(loader)
+
+
+def same_batches(a: list[Any], b: list[Any]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and torch.equal(x, y)):
+                return False
+        elif isinstance(x, dict):
+            if x.keys() != y.keys() or not same_batches(list(x.values()), list(y.values())):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+# --- LoaderConfig ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (LoaderConfig(), LoaderConfig(0, False, None, False)),
+        (LoaderConfig(0, True, 4, True), LoaderConfig(0, True, None, False)),
+        (LoaderConfig(4), LoaderConfig(4, False, DEFAULT_PREFETCH_FACTOR, False)),
+        (LoaderConfig(3, True, 5, True), LoaderConfig(3, True, 5, True)),
+    ],
+)
+def test_normalized(config: LoaderConfig, expected: LoaderConfig) -> None:
+    assert config.normalized() == expected
+    assert config.normalized().normalized() == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "depth"),
+    [
+        (LoaderConfig(0, prefetch_factor=8), 0),
+        (LoaderConfig(4), 8),
+        (LoaderConfig(3, False, 5), 15),
+    ],
+)
+def test_queue_depth(config: LoaderConfig, depth: int) -> None:
+    assert config.queue_depth == depth
+
+
+def test_kwargs_leave_worker_only_settings_out_without_workers() -> None:
+    assert LoaderConfig(0, True, 4, True).kwargs() == {"num_workers": 0, "pin_memory": True}
+    assert LoaderConfig(2).kwargs() == {
+        "num_workers": 2,
+        "pin_memory": False,
+        "prefetch_factor": 2,
+        "persistent_workers": False,
+    }
+    assert LoaderConfig(6, True, 1, True).kwargs() == {
+        "num_workers": 6,
+        "pin_memory": True,
+        "prefetch_factor": 1,
+        "persistent_workers": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LoaderConfig(),
+        LoaderConfig(0, True, 3, True),
+        LoaderConfig(4),
+        LoaderConfig(8, True, 4, True),
+    ],
+)
+def test_dict_round_trip(config: LoaderConfig) -> None:
+    data = config.to_dict()
+    assert data == {
+        "num_workers": config.normalized().num_workers,
+        "pin_memory": config.normalized().pin_memory,
+        "prefetch_factor": config.normalized().prefetch_factor,
+        "persistent_workers": config.normalized().persistent_workers,
+    }
+    assert LoaderConfig.from_dict(json.loads(json.dumps(data))) == config.normalized()
+
+
+def test_from_dict_defaults_and_ignores_unknown_keys() -> None:
+    assert LoaderConfig.from_dict({}) == LoaderConfig()
+    assert LoaderConfig.from_dict({"num_workers": 2, "extra": 1}) == LoaderConfig(2)
+
+
+@pytest.mark.parametrize(
+    ("config", "label"),
+    [
+        (LoaderConfig(), "w=0"),
+        (LoaderConfig(0, True, 4, True), "w=0 pin"),
+        (LoaderConfig(4), "w=4 pf=2"),
+        (LoaderConfig(4, True, 3, True), "w=4 pf=3 persistent pin"),
+    ],
+)
+def test_label(config: LoaderConfig, label: str) -> None:
+    assert config.label() == label
+
+
+def test_negative_workers_is_a_user_error_naming_the_value() -> None:
+    with pytest.raises(UserError, match=r"num_workers.*-3"):
+        LoaderConfig(num_workers=-3)
+
+
+@pytest.mark.parametrize("prefetch", [0, -2])
+def test_bad_prefetch_is_a_user_error_naming_the_value(prefetch: int) -> None:
+    with pytest.raises(UserError, match=rf"prefetch_factor.*{prefetch}"):
+        LoaderConfig(num_workers=2, prefetch_factor=prefetch)
+
+
+def test_config_is_frozen_and_hashable() -> None:
+    config = LoaderConfig(2)
+    with pytest.raises(AttributeError):
+        config.num_workers = 3  # type: ignore[misc]
+    assert {config, LoaderConfig(2)} == {config}
+
+
+# --- config_of ---------------------------------------------------------------------------------
+
+
+def test_config_of_default_loader() -> None:
+    assert config_of(DataLoader(Squares(), batch_size=4)) == LoaderConfig()
+
+
+def test_config_of_worker_loader() -> None:
+    loader = DataLoader(
+        Squares(), batch_size=4, num_workers=2, pin_memory=True, prefetch_factor=5,
+        persistent_workers=True,
+    )  # fmt: skip
+    assert config_of(loader) == LoaderConfig(2, True, 5, True)
+
+
+def test_config_of_fills_torch_default_prefetch() -> None:
+    assert config_of(DataLoader(Squares(), num_workers=2)) == LoaderConfig(2, False, 2, False)
+
+
+# --- rebuild: what is kept ---------------------------------------------------------------------
+
+
+def test_rebuild_keeps_dataset_batch_size_sampler_collate() -> None:
+    ds = Squares()
+    sampler = SequentialSampler(ds)
+    loader = DataLoader(
+        ds, batch_size=5, sampler=sampler, collate_fn=pairs_collate, worker_init_fn=init_worker,
+        timeout=3.0, drop_last=True,
+    )  # fmt: skip
+    new = rebuild(loader, LoaderConfig(2, True, 3, True))
+    assert new.dataset is ds
+    assert new.batch_size == 5
+    assert new.sampler is sampler
+    assert new.collate_fn is pairs_collate
+    assert new.worker_init_fn is init_worker
+    assert new.timeout == 3.0
+    assert new.drop_last is True
+    assert config_of(new) == LoaderConfig(2, True, 3, True)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_rebuild_keeps_drop_last(drop_last: bool) -> None:
+    loader = DataLoader(Squares(23), batch_size=5, drop_last=drop_last)
+    new = rebuild(loader, LoaderConfig(0))
+    assert new.drop_last is drop_last
+    assert len(new) == len(loader) == (4 if drop_last else 5)
+    assert same_batches(batches_of(new), batches_of(loader))
+
+
+def test_rebuild_keeps_seeded_random_order() -> None:
+    gen = torch.Generator().manual_seed(1234)
+    loader = DataLoader(Squares(), batch_size=4, shuffle=True, generator=gen)
+    new = rebuild(loader, LoaderConfig(0, pin_memory=False))
+    assert new.generator is gen
+    assert new.sampler is loader.sampler
+    assert isinstance(new.sampler, RandomSampler)
+    state = gen.get_state()
+    original = batches_of(loader)
+    gen.set_state(state)
+    rebuilt = batches_of(new)
+    assert same_batches(rebuilt, original)
+    ordered = batches_of(DataLoader(Squares(), batch_size=4))
+    assert not same_batches(original, ordered)  # the order really is shuffled
+
+
+def test_rebuild_keeps_sampler_with_own_generator() -> None:
+    ds = Squares()
+    gen = torch.Generator().manual_seed(7)
+    sampler = RandomSampler(ds, generator=gen)
+    loader = DataLoader(ds, batch_size=3, sampler=sampler)
+    new = rebuild(loader, LoaderConfig(0))
+    assert new.sampler is sampler
+    state = gen.get_state()
+    original = batches_of(loader)
+    gen.set_state(state)
+    assert same_batches(batches_of(new), original)
+
+
+def test_rebuild_keeps_custom_batch_sampler() -> None:
+    ds = Squares(10)
+    batch_sampler = GrowingBatches(len(ds))
+    loader = DataLoader(ds, batch_sampler=batch_sampler, collate_fn=pairs_collate)
+    new = rebuild(loader, LoaderConfig(0))
+    assert new.batch_sampler is batch_sampler
+    assert new.batch_size is None
+    got = batches_of(new)
+    assert [b["n"] for b in got] == [1, 2, 3, 4]
+    assert same_batches(got, batches_of(loader))
+
+
+def test_rebuild_keeps_torch_batch_sampler() -> None:
+    ds = Squares(10)
+    batch_sampler = BatchSampler(SequentialSampler(ds), batch_size=3, drop_last=True)
+    loader = DataLoader(ds, batch_sampler=batch_sampler)
+    new = rebuild(loader, LoaderConfig(0))
+    assert new.batch_sampler is batch_sampler
+    assert len(batches_of(new)) == 3
+
+
+def test_rebuild_keeps_in_order_and_generator() -> None:
+    gen = torch.Generator()
+    loader = DataLoader(Squares(), batch_size=2, num_workers=2, in_order=False, generator=gen)
+    new = rebuild(loader, LoaderConfig(4))
+    assert new.in_order is False
+    assert new.generator is gen
+
+
+def test_rebuild_keeps_multiprocessing_context_with_workers() -> None:
+    loader = DataLoader(Squares(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
+    new = rebuild(loader, LoaderConfig(3))
+    assert new.multiprocessing_context is loader.multiprocessing_context
+    assert new.multiprocessing_context is not None
+    assert new.multiprocessing_context.get_start_method() == "spawn"
+
+
+def test_rebuild_drops_multiprocessing_context_without_workers() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    loader = DataLoader(
+        Squares(), batch_size=2, num_workers=2, multiprocessing_context=ctx, timeout=5.0,
+        prefetch_factor=4, persistent_workers=True,
+    )  # fmt: skip
+    new = rebuild(loader, LoaderConfig(0))  # DataLoader would refuse the context at 0 workers
+    assert new.multiprocessing_context is None
+    assert new.timeout == 5.0
+    assert config_of(new) == LoaderConfig(0)
+    assert new.prefetch_factor is None
+    assert new.persistent_workers is False
+
+
+# --- rebuild: what is applied ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LoaderConfig(0),
+        LoaderConfig(0, True, 6, True),  # worker-only settings dropped, no DataLoader error
+        LoaderConfig(1),
+        LoaderConfig(5, True, 7, True),
+    ],
+)
+def test_rebuild_applies_config(config: LoaderConfig) -> None:
+    loader = DataLoader(Squares(), batch_size=4, num_workers=2, persistent_workers=True)
+    new = rebuild(loader, config)
+    norm = config.normalized()
+    assert (new.num_workers, new.pin_memory) == (norm.num_workers, norm.pin_memory)
+    assert new.prefetch_factor == norm.prefetch_factor
+    assert new.persistent_workers is norm.persistent_workers
+    assert config_of(new) == norm
+
+
+def test_rebuild_replaces_dataset_on_request() -> None:
+    loader = DataLoader(Squares(5), batch_size=2)
+    other = Squares(5)
+    new = rebuild(loader, LoaderConfig(0), dataset=other)
+    assert new.dataset is other
+    assert new.sampler is loader.sampler
+
+
+def test_rebuild_leaves_the_original_alone() -> None:
+    loader = DataLoader(Squares(), batch_size=4)
+    rebuild(loader, LoaderConfig(3, True, 2, True))
+    assert config_of(loader) == LoaderConfig()
+
+
+# --- rebuild: other kinds of loader ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("batch_size", "drop_last"), [(4, False), (4, True), (None, False)])
+def test_rebuild_iterable_dataset(batch_size: int | None, drop_last: bool) -> None:
+    ds = Counting(11)
+    loader = DataLoader(ds, batch_size=batch_size, drop_last=drop_last)
+    assert is_iterable_style(loader)
+    new = rebuild(loader, LoaderConfig(2))
+    assert is_iterable_style(new)
+    assert new.dataset is ds
+    assert (new.batch_size, new.drop_last) == (batch_size, drop_last)
+    assert new.num_workers == 2
+    same = rebuild(loader, LoaderConfig(0))
+    assert same_batches(batches_of(same), batches_of(loader))
+
+
+def test_rebuild_without_automatic_batching() -> None:
+    ds = Squares(6)
+    loader = DataLoader(ds, batch_size=None, sampler=[5, 1, 3])
+    new = rebuild(loader, LoaderConfig(0))
+    assert new.batch_size is None
+    assert new.batch_sampler is None
+    assert new.sampler is loader.sampler
+    assert same_batches(batches_of(new), [ds[5], ds[1], ds[3]])
+
+
+def test_rebuild_keeps_compatible_subclass() -> None:
+    loader = Tagged(Squares(), batch_size=4)
+    new = rebuild(loader, LoaderConfig(2))
+    assert type(new) is Tagged
+    assert new.num_workers == 2
+
+
+def test_rebuild_falls_back_to_dataloader_for_incompatible_subclass() -> None:
+    ds = Squares(10)
+    loader = Scaled(ds, scale=3)
+    new = rebuild(loader, LoaderConfig(0, pin_memory=False))
+    assert type(new) is DataLoader
+    assert new.dataset is ds
+    assert new.batch_size == 4
+    assert same_batches(batches_of(new), batches_of(loader))
+
+
+# --- rebuild: real workers, real warnings ------------------------------------------------------
+
+
+def test_rebuilt_two_worker_loader_yields_the_same_batches() -> None:
+    ds = Squares(41)
+    order = [(7 * i) % 41 for i in range(41)]  # a fixed order that is not 0, 1, 2, ...
+    loader = DataLoader(ds, batch_size=4, sampler=order, collate_fn=pairs_collate)
+    new = rebuild(loader, LoaderConfig(2, prefetch_factor=2))
+    assert new.num_workers == 2
+    original = batches_of(loader)
+    rebuilt = batches_of(new)  # exhausted: the workers shut down
+    assert same_batches(rebuilt, original)
+    assert [b["n"] for b in rebuilt] == [4] * 10 + [1]
+    assert rebuilt[0]["x"][:, 0].tolist() == order[:4]
+
+
+def test_rebuild_does_not_warn_about_many_workers(recwarn: pytest.WarningsRecorder) -> None:
+    workers = max(16, 2 * (torch._utils.cpu_count() or 1))  # above the CPU count on any machine
+    loader = DataLoader(Squares(), batch_size=4)
+    new = rebuild(loader, LoaderConfig(workers))
+    assert new.num_workers == workers
+    assert not [w for w in recwarn if "worker processes in total" in str(w.message)]
+    # The warning is really there to be silenced: DataLoader itself gives it.
+    DataLoader(Squares(), batch_size=4, num_workers=workers)
+    assert [w for w in recwarn if "worker processes in total" in str(w.message)]
+
+
+# --- questionable behaviour, recorded ----------------------------------------------------------
+
+
+def test_configs_with_the_same_settings_are_equal() -> None:
+    a, b = LoaderConfig(4), LoaderConfig(4, prefetch_factor=2)
+    assert a.kwargs() == b.kwargs()
+    assert a == b
