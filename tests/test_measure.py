@@ -10,6 +10,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from feedrate.config import LoaderConfig
+from feedrate.consumer import make_consumer
 from feedrate.measure import measure
 from feedrate.results import MEASURE_SCHEMA, Measurement
 
@@ -91,3 +92,20 @@ def test_json_schema_and_round_trip() -> None:
 def test_factory_source_is_accepted() -> None:
     m = measure(lambda: DataLoader(TinyDataset(64), batch_size=8), batches=5, windows_count=1)
     assert m.config.num_workers == 0
+
+
+def test_consumer_stall_is_low_when_loader_is_ahead_and_high_when_behind() -> None:
+    fast = DataLoader(SleepDataset(n=512, sleep_s=0.0005), batch_size=4)
+    slow_step = make_consumer(step_time=0.02)
+    m = measure(fast, LoaderConfig(num_workers=2), batches=20, windows_count=2, consumer=slow_step)
+    assert m.stall_fraction is not None and m.stall_fraction < 0.5
+    assert m.consumer == {"kind": "step-time", "samples_per_s": None, "step_s": 0.02, "name": None}
+    slow = DataLoader(SleepDataset(n=512, sleep_s=0.01), batch_size=4)
+    m = measure(slow, LoaderConfig(0), batches=6, windows_count=2, consumer=make_consumer(rate=1e6))
+    assert m.stall_fraction is not None and m.stall_fraction > 0.5
+    assert measure(slow, LoaderConfig(0), batches=2, windows_count=1).stall_fraction is None
+
+
+def test_batch_bytes_recorded() -> None:
+    m = measure(DataLoader(TinyDataset(64, width=8), batch_size=16), batches=4, windows_count=1)
+    assert m.batch_bytes == 16 * 8 * 4  # float32

@@ -23,6 +23,7 @@ from feedrate.windows import (
     Window,
     WindowPlan,
     run,
+    stall_fraction,
     summarize,
 )
 
@@ -503,3 +504,26 @@ def test_whole_epochs_honour_the_time_budget() -> None:
     t = measure(loader, WindowPlan(windows=2, seconds=10.0, warmup_batches=1))
     assert t.method == "whole-epochs"
     assert sum(w.seconds for w in t.windows) >= 10.0
+
+
+# --- consumer and data stall -------------------------------------------------------------------
+
+
+def test_consumer_time_splits_window_into_work_and_stall() -> None:
+    clock, loader = scripted(0.125)
+    eaten: list[int] = []
+
+    def consume(batch: int, samples: int) -> None:
+        eaten.append(samples)
+        clock.advance(0.375)
+
+    t = run(loader, WindowPlan(windows=2, batches=8), int, clock=clock, consume=consume)
+    assert eaten and set(eaten) == {4}
+    assert stall_fraction(t.windows) == 0.125 / 0.5
+    assert summarize(t.windows).samples_per_s == 4 / 0.5
+
+
+def test_without_consumer_every_interval_is_wait() -> None:
+    clock, loader = scripted(0.25)
+    t = run(loader, WindowPlan(windows=1, batches=4), int, clock=clock)
+    assert stall_fraction(t.windows) == 1.0  # nothing but waiting: meaningless, so unreported

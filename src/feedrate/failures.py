@@ -16,6 +16,7 @@ import re
 import signal
 import sysconfig
 import threading
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
@@ -161,6 +162,16 @@ def _deaths_from_text(text: str) -> list[tuple[int, int | None, int]]:
     return [] if sig is None else [(-1, int(found.group(1)), -int(sig))]
 
 
+def _await_deaths(iterator: object, timeout_s: float) -> list[tuple[int, int | None, int]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        deaths = _worker_deaths(iterator)
+        if deaths:
+            return deaths
+        time.sleep(0.02)
+    return []
+
+
 def _killed_message(deaths: list[tuple[int, int | None, int]], fallback: str) -> str:
     if not deaths:
         return f"a DataLoader worker died: {fallback}"
@@ -230,9 +241,12 @@ def explain(exc: BaseException, iterator: object) -> PipelineError | None:
         return None
     text = str(exc)
     deaths = _worker_deaths(iterator)
-    if _WORKER_DIED.search(text) or (
-        isinstance(exc, RuntimeError) and deaths and not _CAUGHT.search(text)
-    ):
+    if not deaths and isinstance(exc, EOFError | ConnectionError):
+        # The pipe broke because a worker is dying; its exit status shows a moment later.
+        deaths = _await_deaths(iterator, timeout_s=2.0)
+    # A worker's death surfaces as DataLoader's RuntimeError, or as whatever broke first in the
+    # main process (a connection reset while receiving the dead worker's tensor).
+    if _WORKER_DIED.search(text) or (deaths and not _CAUGHT.search(text)):
         deaths = [d for d in deaths if d[2] != -signal.SIGTERM] or deaths or _deaths_from_text(text)
         return WorkerKilledError(_killed_message(deaths, text.splitlines()[0] if text else ""))
     caught = _CAUGHT.search(text)
@@ -272,6 +286,20 @@ def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         _quietly(shutdown)
+
+
+def quiesce(iterator: object, watchdog: Watchdog) -> None:
+    """After a failure: stop the watchdog, and stop DataLoader's SIGCHLD handler from raising
+    about workers already known dead while we clean up. The handler may fire between the two, so
+    its report (which ``explain`` already covers) is swallowed and the step retried."""
+    for _ in range(3):
+        try:
+            watchdog.disarm()
+            _unwatch(iterator)
+            return
+        except RuntimeError as exc:
+            if not _WORKER_DIED.search(str(exc)):
+                raise
 
 
 def _unwatch(iterator: object) -> None:

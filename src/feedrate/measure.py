@@ -22,10 +22,11 @@ from feedrate.config import (
     quiet_worker_count_warning,
     rebuild,
 )
+from feedrate.consumer import Consumer
 from feedrate.errors import PipelineError, UserError
-from feedrate.failures import IndexReportingDataset, Watchdog, explain, stop_workers
+from feedrate.failures import IndexReportingDataset, Watchdog, explain, quiesce, stop_workers
 from feedrate.machine import MachineFacts, collect
-from feedrate.probe import ProcessProbe
+from feedrate.probe import ProbeReport, ProcessProbe
 from feedrate.results import Measurement, Spread, WindowSummary
 
 LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
@@ -56,6 +57,20 @@ def count_samples(batch: Any, default: int = 1) -> int:
     return default
 
 
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of tensor and array data in a batch (what crosses shared memory from a worker)."""
+    if hasattr(batch, "element_size") and hasattr(batch, "numel"):
+        return int(batch.element_size() * batch.numel())
+    nbytes = getattr(batch, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(batch, Mapping):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, list | tuple):
+        return sum(batch_nbytes(v) for v in batch)
+    return 0
+
+
 def _sample_counter(loader: DataLoader[Any]) -> Callable[[Any], int]:
     """Without automatic batching every item is one sample; with it, count the batch."""
     if loader.batch_size is None and loader.batch_sampler is None:
@@ -83,14 +98,18 @@ def measure(
     machine: MachineFacts | None = None,
     target: str | None = None,
     report_index: bool = True,
+    consumer: Consumer | None = None,
 ) -> Measurement:
     """Measure ``source`` (a DataLoader or a zero-argument callable returning one) rebuilt with
     ``config`` (default: its own settings).
 
     Measures ``batches`` steady-state batches or ``seconds`` of steady state (default 10 s), in
-    ``windows_count`` windows. Raises ``PipelineError`` when the pipeline fails (its exception, a
-    killed worker, no batch for ``timeout_s``) and ``UserError`` for bad arguments. Workers are
-    always gone when this returns or raises, Ctrl-C included.
+    ``windows_count`` windows. With a ``consumer`` each batch is handed to it, as a training loop
+    would, and the result's ``stall_fraction`` is the share of time spent waiting for data.
+
+    Raises ``PipelineError`` when the pipeline fails (its exception, a killed worker, no batch
+    for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
+    returns or raises, Ctrl-C included.
     """
     user_loader = source() if callable(source) and not isinstance(source, DataLoader) else source
     if not isinstance(user_loader, DataLoader):
@@ -102,7 +121,7 @@ def measure(
         dataset = IndexReportingDataset(user_loader.dataset)
     loader = rebuild(user_loader, config, dataset=dataset)
     facts = machine or collect()
-    timeline, report = _run(loader, plan, clock, timeout_s)
+    timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consumer)
     rate = windows.summarize(timeline.windows)
     return Measurement(
         config=config,
@@ -118,6 +137,9 @@ def measure(
         target=target,
         notes=_notes(config, facts, timeline),
         feedrate_version=feedrate.__version__,
+        batch_bytes=nbytes,
+        stall_fraction=None if consumer is None else windows.stall_fraction(timeline.windows),
+        consumer=None if consumer is None else consumer.to_dict(),
     )
 
 
@@ -139,9 +161,19 @@ def _plan(
 
 
 def _run(
-    loader: DataLoader[Any], plan: windows.WindowPlan, clock: windows.Clock, timeout_s: float | None
-) -> tuple[windows.Timeline, Any]:
-    current: dict[str, Any] = {"it": None, "batches": 0}
+    loader: DataLoader[Any],
+    plan: windows.WindowPlan,
+    clock: windows.Clock,
+    timeout_s: float | None,
+    consumer: Consumer | None,
+) -> tuple[windows.Timeline, ProbeReport, int | None]:
+    current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None}
+    counter = _sample_counter(loader)
+
+    def count(batch: Any) -> int:
+        if current["nbytes"] is None:
+            current["nbytes"] = batch_nbytes(batch)
+        return counter(batch)
 
     def make_iter() -> Iterator[Any]:
         with quiet_worker_count_warning():
@@ -168,16 +200,17 @@ def _run(
             timeline = windows.run(
                 make_iter,
                 plan,
-                _sample_counter(loader),
+                count,
                 clock=clock,
                 hooks=hooks,
                 epoch_length=_epoch_length(loader),
+                consume=consumer,
             )
         except windows.EmptyLoaderError as exc:
             msg = "the loader yielded no batch: its dataset or sampler is empty"
             raise PipelineError(msg) from exc
         except BaseException as exc:
-            dog.disarm()
+            quiesce(current["it"], dog)
             error = explain(exc, current["it"])  # before stop_workers, which adds SIGTERMs
             stop_workers(current["it"])
             if error is not None:
@@ -186,7 +219,7 @@ def _run(
         finally:
             dog.disarm()
             _close(loader, current["it"])
-        return timeline, probe.report()
+        return timeline, probe.report(), current["nbytes"]
 
 
 def _epoch_length(loader: DataLoader[Any]) -> int | None:

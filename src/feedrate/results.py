@@ -3,7 +3,8 @@ rendered again without measuring again.
 
 Schema ``feedrate.measure/1`` (documented in docs/json-schema.md): ``schema``, ``feedrate_version``,
 ``machine``, ``target``, ``config``, ``batch_size``, ``samples_per_s``, ``batches_per_s``,
-``spread``, ``startup_s``, ``epoch_restart_s``, ``warmup``, ``window``, ``processes``, ``notes``.
+``spread``, ``startup_s``, ``epoch_restart_s``, ``warmup``, ``window``, ``processes``,
+``batch_bytes``, ``consumer``, ``stall_fraction``, ``notes``.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class Measurement:
     target: str | None = None
     notes: list[str] = field(default_factory=list)
     feedrate_version: str = ""
+    batch_bytes: int | None = None
+    stall_fraction: float | None = None
+    consumer: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window
@@ -108,6 +112,9 @@ class Measurement:
                 "method": w.method,
             },
             "processes": self.processes.to_dict(),
+            "batch_bytes": self.batch_bytes,
+            "consumer": self.consumer,
+            "stall_fraction": self.stall_fraction,
             "notes": self.notes,
         }
 
@@ -144,6 +151,9 @@ class Measurement:
             target=d.get("target"),
             notes=list(d.get("notes", [])),
             feedrate_version=d.get("feedrate_version", ""),
+            batch_bytes=d.get("batch_bytes"),
+            stall_fraction=d.get("stall_fraction"),
+            consumer=d.get("consumer"),
         )
 
     @classmethod

@@ -80,6 +80,7 @@ class Window:
     batches: int = 0
     samples: int = 0
     full: bool = False
+    wait_s: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -116,14 +117,19 @@ def run(
     clock: Clock,
     hooks: Hooks | None = None,
     epoch_length: int | None = None,
+    consume: Callable[[Any, int], object] | None = None,
 ) -> Timeline:
     """Measure ``make_iter()``'s batches according to ``plan``. Raises ``EmptyLoaderError`` if an
     epoch yields nothing; exceptions from the iterator propagate unchanged.
 
     With ``epoch_length`` (batches per epoch, when known) the window closes at the epoch's last
     batch, before the iterator is asked for more: DataLoader shuts non-persistent workers down
-    when it signals the end, and the window-close hook should still see them."""
-    runner = _Runner(plan, count_samples, clock, hooks or Hooks(), epoch_length)
+    when it signals the end, and the window-close hook should still see them.
+
+    With ``consume`` (called as ``consume(batch, samples)`` after each batch, like a training
+    step), each window also records ``wait_s``: the time spent waiting for batches, the data
+    stall."""
+    runner = _Runner(plan, count_samples, clock, hooks or Hooks(), epoch_length, consume)
     while not runner.done() and runner.timeline.epochs < plan.max_epochs:
         runner.epoch(make_iter)
         if runner.timeline.method == "windows" and runner.epoch_too_short():
@@ -139,9 +145,11 @@ class _Runner:
         clock: Clock,
         hooks: Hooks,
         epoch_length: int | None,
+        consume: Callable[[Any, int], object] | None = None,
     ):
         self.plan, self.count, self.clock, self.hooks = plan, count, clock, hooks
-        self.epoch_length = epoch_length
+        self.epoch_length, self.consume = epoch_length, consume
+        self._asked = 0.0
         self.timeline = Timeline()
         self.open: Window | None = None
         self._epoch_batches = 0
@@ -166,6 +174,7 @@ class _Runner:
         whole = self.timeline.method == "whole-epochs"
         t_call = self.clock()
         iterator: Iterator[Any] = iter(make_iter())
+        self._asked = t_call
         if whole:
             # Opened once the epoch's workers exist (so the hook can read them), timed from the
             # call: a whole epoch includes its start-up.
@@ -177,12 +186,17 @@ class _Runner:
             self._epoch_batches += 1
             if self._epoch_batches == 1:
                 self._record_first(now - t_call)
+            samples = self.count(batch)
+            waited = now - self._asked
+            if self.consume is not None:
+                self.consume(batch, samples)
             if whole:
-                self._add(batch, now, close_when_full=False)
+                self._add(samples, waited, now, close_when_full=False)
             elif self._epoch_batches <= self.plan.warmup_batches:
                 self._warmup(now, t_call)
-            elif self._add(batch, now, close_when_full=True) and self.done():
+            elif self._add(samples, waited, now, close_when_full=True) and self.done():
                 return
+            self._asked = self.clock() if self.consume is not None else now
             if self._epoch_batches == self.epoch_length and self.open is not None:
                 self._close(now, full=whole)
         if self._epoch_batches == 0:
@@ -208,14 +222,16 @@ class _Runner:
         self.open = Window(start=now)
         self.hooks.window_open()
 
-    def _add(self, batch: Any, now: float, *, close_when_full: bool) -> bool:
-        """Count ``batch`` into the open window; returns True when that closed the window."""
+    def _add(self, samples: int, waited: float, now: float, *, close_when_full: bool) -> bool:
+        """Count a batch that arrived at ``now`` after ``waited`` s into the open window; returns
+        True when that closed the window."""
         if self.open is None:  # only after a window closed mid-epoch: the next one starts here
             self._open(now)
             return False
         win = self.open
         win.batches += 1
-        win.samples += self.count(batch)
+        win.samples += samples
+        win.wait_s += waited
         win.seconds = now - win.start
         if close_when_full and self._full(win):
             self._close(now, full=True)
@@ -261,6 +277,12 @@ class Rate:
     def rel_spread(self) -> float:
         """(max - min) / median: how far apart the windows were, as a fraction."""
         return (self.max - self.min) / self.median if self.median > 0 else 0.0
+
+
+def stall_fraction(windows: list[Window]) -> float:
+    """Share of the windows' time spent waiting for batches (0 = never, 1 = always)."""
+    seconds = sum(w.seconds for w in windows)
+    return sum(w.wait_s for w in windows) / seconds if seconds > 0 else 0.0
 
 
 def summarize(windows: list[Window]) -> Rate:

@@ -1,0 +1,43 @@
+"""Consumers: validation names the bad option; each kind does what it models."""
+
+from __future__ import annotations
+
+import pytest
+
+from feedrate.consumer import Consumer, make_consumer
+from feedrate.errors import UserError
+
+
+def test_none_without_options() -> None:
+    assert make_consumer() is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rate": 0.0}, "--rate must be positive"),
+        ({"rate": -5.0}, "--rate must be positive"),
+        ({"step_time": 0.0}, "--step-time must be positive"),
+        ({"rate": 10.0, "step_time": 1.0}, "at most one"),
+    ],
+)
+def test_bad_options_are_named(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        make_consumer(**kwargs)
+
+
+def test_step_consumer_calls_the_step_with_each_batch() -> None:
+    seen: list[object] = []
+    consumer = make_consumer(step=seen.append, step_name="train.py:step")
+    assert consumer is not None
+    consumer("batch-1", 4)
+    assert seen == ["batch-1"]
+    assert "train.py:step" in consumer.describe()
+
+
+def test_round_trip_and_descriptions() -> None:
+    rate = make_consumer(rate=2400.0)
+    assert rate is not None and "2,400 samples/s" in rate.describe()
+    assert Consumer.from_dict(rate.to_dict()) == rate
+    step = make_consumer(step_time=0.05)
+    assert step is not None and "0.05 s per batch" in step.describe()
