@@ -40,12 +40,16 @@ _LOADER_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
 class LoaderConfig:
     """The settings feedrate chooses, stored as DataLoader applies them: with workers an unset
     ``prefetch_factor`` becomes DataLoader's default (2); without workers ``prefetch_factor`` and
-    ``persistent_workers`` mean nothing and are dropped. So equal settings compare equal."""
+    ``persistent_workers`` mean nothing and are dropped. So equal settings compare equal.
+
+    ``in_order=False`` lets DataLoader hand out batches as workers finish them (it changes the
+    order of batches, so feedrate only tries it when allowed to); None keeps the loader's own."""
 
     num_workers: int = 0
     pin_memory: bool = False
     prefetch_factor: int | None = None
     persistent_workers: bool = False
+    in_order: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -55,6 +59,7 @@ class LoaderConfig:
         if self.num_workers == 0:
             object.__setattr__(self, "prefetch_factor", None)
             object.__setattr__(self, "persistent_workers", False)
+            object.__setattr__(self, "in_order", None)
         elif self.prefetch_factor is None:
             object.__setattr__(self, "prefetch_factor", DEFAULT_PREFETCH_FACTOR)
 
@@ -76,10 +81,16 @@ class LoaderConfig:
         if norm.num_workers > 0:
             out["prefetch_factor"] = norm.prefetch_factor
             out["persistent_workers"] = norm.persistent_workers
+            if norm.in_order is not None and "in_order" in _LOADER_PARAMS:
+                out["in_order"] = norm.in_order
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self.normalized())
+        """The settings as DataLoader keyword arguments (``in_order`` only when it is set)."""
+        out = asdict(self)
+        if out["in_order"] is None:
+            del out["in_order"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LoaderConfig:
@@ -88,6 +99,7 @@ class LoaderConfig:
             pin_memory=bool(data.get("pin_memory", False)),
             prefetch_factor=data.get("prefetch_factor"),
             persistent_workers=bool(data.get("persistent_workers", False)),
+            in_order=data.get("in_order"),
         )
 
     def label(self) -> str:
@@ -98,6 +110,8 @@ class LoaderConfig:
             parts.append(f"pf={norm.prefetch_factor}")
             if norm.persistent_workers:
                 parts.append("persistent")
+            if norm.in_order is False:
+                parts.append("unordered")
         if norm.pin_memory:
             parts.append("pin")
         return " ".join(parts)
@@ -111,7 +125,8 @@ def config_of(loader: DataLoader[Any]) -> LoaderConfig:
         pin_memory=loader.pin_memory,
         prefetch_factor=loader.prefetch_factor if workers else None,
         persistent_workers=loader.persistent_workers if workers else False,
-    ).normalized()
+        in_order=False if getattr(loader, "in_order", True) is False else None,
+    )
 
 
 def is_iterable_style(loader: DataLoader[Any]) -> bool:
@@ -158,7 +173,7 @@ def rebuild(
         # DataLoader refuses a multiprocessing context without workers.
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
     for optional in ("in_order", "pin_memory_device"):
-        if optional in _LOADER_PARAMS and hasattr(loader, optional):
+        if optional in _LOADER_PARAMS and hasattr(loader, optional) and optional not in kwargs:
             kwargs[optional] = getattr(loader, optional)
     cls = type(loader)
     with quiet_worker_count_warning():

@@ -1,0 +1,226 @@
+"""Summaries and renderings of ``overhead.py``'s runs: the JSON record, the markdown and console
+tables. Everything here works on plain data, so a saved JSON can be rendered again."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from overhead import Bench, Pipeline
+
+TARGET_OVERHEAD = 0.02
+"""The issue's target: measuring costs at most 2 % of samples/s (geometric mean over pipelines)."""
+RESULTS = Path("benchmarks/results")
+SCHEMA = "feedrate.bench.overhead/1"
+BARE, FEEDRATE = "bare", "feedrate"
+
+
+def build(bench: Bench, micro: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The whole record: settings, machine, per-pipeline figures, geometric means, every run."""
+    runs = [r.to_dict() for r in bench.runs]
+    pipelines = {p.name: _pipeline(bench, p, runs, micro) for p in bench.pipelines}
+    geomean = {a: _geomean(pipelines, a) for a in _measured_arms([a.name for a in bench.arms])}
+    return {
+        "schema": SCHEMA,
+        **meta,
+        "target_overhead": TARGET_OVERHEAD,
+        "target_met": geomean[FEEDRATE]["overhead"] <= TARGET_OVERHEAD,
+        "rounds": bench.rounds,
+        "quick": bench.quick,
+        "order": "ABBA: even rounds run the arms in listed order, odd rounds reversed",
+        "arms": [a.__dict__ for a in bench.arms],
+        "machine": bench.facts.to_dict(),
+        "pipelines": pipelines,
+        "geomean": geomean,
+        "micro_costs": micro,
+        "runs": runs,
+    }
+
+
+def _measured_arms(names: list[str]) -> list[str]:
+    return [n for n in names if n != BARE]
+
+
+def _geomean(pipelines: dict[str, Any], arm: str) -> dict[str, float]:
+    ratios = [p["arms"][arm]["ratio_median"] for p in pipelines.values()]
+    g = math.exp(statistics.fmean(math.log(x) for x in ratios))
+    acc = [p["accounting"]["total"] for p in pipelines.values()]
+    acc_g = 1 - math.exp(statistics.fmean(math.log(1 - x) for x in acc))
+    return {"ratio": g, "overhead": 1 - g, "accounted_overhead": acc_g}
+
+
+def _pipeline(bench: Bench, p: Pipeline, runs: list[dict[str, Any]], micro: dict[str, Any]) -> Any:
+    mine = [r for r in runs if r["pipeline"] == p.name]
+    sched = bench.schedules[p.name]
+    arms = {a.name: _arm(mine, a.name, bench.rounds) for a in bench.arms}
+    return {
+        "target": p.target,
+        "config": p.config.to_dict(),
+        "config_label": p.config.label(),
+        "batches_per_run": sum(sched.steady),
+        "warmup_batches_per_epoch": sched.warmup,
+        "steady_batches_per_epoch": list(sched.steady),
+        "probe_opens_timed": sched.timed("open"),
+        "probe_closes_timed": sched.timed("close"),
+        "arms": arms,
+        "accounting": _accounting(mine, micro),
+    }
+
+
+def _arm(runs: list[dict[str, Any]], arm: str, rounds: int) -> dict[str, Any]:
+    rate = {r["round"]: r["samples_per_s"] for r in runs if r["arm"] == arm}
+    out: dict[str, Any] = {"median_samples_per_s": statistics.median(rate.values())}
+    if arm == BARE:
+        return out
+    base = {r["round"]: r["samples_per_s"] for r in runs if r["arm"] == BARE}
+    ratios = [rate[i] / base[i] for i in range(rounds)]
+    med = statistics.median(ratios)
+    return out | {
+        "ratios": ratios,
+        "ratio_median": med,
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "overhead": 1 - med,
+    }
+
+
+def _accounting(runs: list[dict[str, Any]], micro: dict[str, Any]) -> dict[str, float]:
+    """Instrumentation time as a share of the measured span. Probe reads and the probe thread are
+    timed in every feedrate run (median share); per-batch and wrapper costs come from the
+    micro-benchmarks, scaled by the bare loop's median rates."""
+    fr = [r for r in runs if r["arm"] == FEEDRATE]
+    bare = [r for r in runs if r["arm"] == BARE]
+
+    def share(key: str) -> float:
+        return statistics.median(r[key] / r["seconds"] for r in fr)
+
+    batches_per_s = statistics.median(r["batches"] / r["seconds"] for r in bare)
+    samples_per_s = statistics.median(r["samples_per_s"] for r in bare)
+    parts = {
+        "probe_reads": share("probe_reads_s"),
+        "probe_memory_reads": share("memory_reads_s"),
+        "probe_thread": share("probe_thread_s"),
+        "per_batch": micro["per_batch"]["added_s"] * batches_per_s,
+        "wrapper": micro["wrapper_per_sample"]["added_s"] * samples_per_s,
+    }
+    total = sum(v for k, v in parts.items() if k != "probe_memory_reads")
+    close_ms = 1e3 * statistics.median(r["close_median_s"] for r in fr)
+    return parts | {"total": max(0.0, total), "window_close_ms": close_ms}
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    gib = (m.get("memory_total_bytes") or 0) / 2**30
+    return (
+        f"{m['cpus_usable']} usable CPUs (of {m['cpu_count']}), {gib:.1f} GiB RAM, "
+        f"{m['platform']}, Python {m['python_version']}, torch {m['torch_version']}, "
+        f"start method {m['start_method']}, accelerator {m['accelerator']}"
+    )
+
+
+def _arm_cell(entry: dict[str, Any]) -> str:
+    rate, ratio = entry["median_samples_per_s"], entry["ratio_median"]
+    return f"{rate:,.0f} ({ratio:.3f}, {entry['ratio_min']:.3f}–{entry['ratio_max']:.3f})"
+
+
+def _rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    arms = _measured_arms([a["name"] for a in data["arms"]])
+    head = ["pipeline", "config", "batches/run", "bare", *arms, "overhead", "accounted"]
+    rows = []
+    for name, p in data["pipelines"].items():
+        bare = f"{p['arms'][BARE]['median_samples_per_s']:,.0f}"
+        cells = [_arm_cell(p["arms"][a]) for a in arms]
+        over = f"{p['arms'][FEEDRATE]['overhead']:+.1%}"
+        acc = f"{p['accounting']['total']:.1%}"
+        rows.append([name, p["config_label"], str(p["batches_per_run"]), bare, *cells, over, acc])
+    geo = data["geomean"]
+    cells = [f"ratio {geo[a]['ratio']:.3f}" for a in arms]
+    g = geo[FEEDRATE]
+    rows.append(
+        ["geomean", "", "", "", *cells, f"{g['overhead']:+.1%}", f"{g['accounted_overhead']:.1%}"]
+    )
+    return head, rows
+
+
+ACCOUNTING_PARTS = (
+    ("probe_reads", "probe reads at window boundaries"),
+    ("probe_memory_reads", "  of which memory_full_info"),
+    ("probe_thread", "/dev/shm polling thread"),
+    ("per_batch", "per-batch bookkeeping + watchdog"),
+    ("wrapper", "index-reporting wrapper"),
+    ("total", "total (upper bound)"),
+)
+
+
+def _accounting_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    names = list(data["pipelines"])
+    head = ["share of the measured span", *names]
+    rows = []
+    for key, label in ACCOUNTING_PARTS:
+        rows.append([label, *[f"{data['pipelines'][n]['accounting'][key]:.2%}" for n in names]])
+    close = [f"{data['pipelines'][n]['accounting']['window_close_ms']:.1f} ms" for n in names]
+    timed = [str(data["pipelines"][n]["probe_closes_timed"]) for n in names]
+    rows += [["one window-close read (median)", *close], ["window closes inside the span", *timed]]
+    return head, rows
+
+
+def _rich(title: str, rows_of: Callable[[dict[str, Any]], Any], data: dict[str, Any]) -> Table:
+    head, rows = rows_of(data)
+    t = Table(title=title)
+    for i, col in enumerate(head):
+        t.add_column(col, justify="left" if i < 2 else "right")
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def table(data: dict[str, Any]) -> Table:
+    return _rich("measure() vs a bare loop, samples/s (medians over rounds)", _rows, data)
+
+
+def accounting_table(data: dict[str, Any]) -> Table:
+    return _rich("where measure()'s time goes", _accounting_rows, data)
+
+
+def _md(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def markdown(data: dict[str, Any]) -> str:
+    verdict = "met" if data["target_met"] else "**not met**"
+    g = data["geomean"][FEEDRATE]
+    return "\n".join(
+        [
+            f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
+            f"{data['rounds']} rounds (ABBA), {data['wall_s']:.0f} s",
+            "",
+            "Cells: median samples/s (median ratio to bare, min–max over rounds). overhead = "
+            "1 − median ratio; accounted = instrumentation time inside the measured span.",
+            "",
+            *_md(*_rows(data)),
+            "",
+            f"Target overhead ≤ {TARGET_OVERHEAD:.0%} (geometric mean): {verdict} by the direct "
+            f"ratio ({g['overhead']:+.1%}); accounted {g['accounted_overhead']:.1%}.",
+            "",
+            *_md(*_accounting_rows(data)),
+            "",
+            f"Machine: {machine_line(data['machine'])}.",
+            "",
+        ]
+    )
+
+
+def write(data: dict[str, Any], stem: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(data))
