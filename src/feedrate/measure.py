@@ -135,7 +135,7 @@ def measure(
         machine=facts.to_dict(),
         batch_size=user_loader.batch_size,
         target=target,
-        notes=_notes(config, facts, timeline),
+        notes=_notes(config, facts, timeline, report),
         feedrate_version=feedrate.__version__,
         batch_bytes=nbytes,
         stall_fraction=None if consumer is None else windows.stall_fraction(timeline.windows),
@@ -253,8 +253,18 @@ def _summary(t: windows.Timeline) -> WindowSummary:
     )
 
 
-def _notes(config: LoaderConfig, facts: MachineFacts, t: windows.Timeline) -> list[str]:
+def _notes(
+    config: LoaderConfig, facts: MachineFacts, t: windows.Timeline, report: ProbeReport
+) -> list[str]:
     notes = []
+    ours = report.main.cpu_util + sum(w.cpu_util for w in report.workers)
+    ours += report.probe_cpu_s / report.wall_s if report.wall_s > 0 else 0.0
+    if report.system_busy_cpus is not None and report.system_busy_cpus - ours > 0.25:
+        notes.append(
+            f"other processes kept {report.system_busy_cpus - ours:.1f} of the "
+            f"{facts.cpus_usable} CPUs busy during the measurement: rates are lower, and "
+            "vary more, than on a quiet machine"
+        )
     if config.num_workers > facts.cpus_usable:
         notes.append(
             f"num_workers={config.num_workers} is above the {facts.cpus_usable} usable CPUs: "

@@ -47,7 +47,8 @@ class ProcessFigures:
 @dataclass
 class ProbeReport:
     """What the probe saw: main process (less the pin-memory and probe threads), the pin-memory
-    thread when there is one, every worker, and the peak /dev/shm use above its level at start."""
+    thread when there is one, every worker, the peak /dev/shm use above its level at start, and
+    how many CPUs the whole machine kept busy (other processes included: contention shows)."""
 
     wall_s: float = 0.0
     main: ProcessFigures = field(default_factory=lambda: ProcessFigures("main"))
@@ -55,6 +56,7 @@ class ProbeReport:
     workers: list[ProcessFigures] = field(default_factory=list)
     probe_cpu_s: float = 0.0
     shm_peak_bytes: int | None = None
+    system_busy_cpus: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         pin = self.pin_memory_thread
@@ -65,6 +67,7 @@ class ProbeReport:
             "workers": [w.to_dict() for w in self.workers],
             "probe_cpu_s": self.probe_cpu_s,
             "shm_peak_bytes": self.shm_peak_bytes,
+            "system_busy_cpus": self.system_busy_cpus,
         }
 
     @classmethod
@@ -77,6 +80,7 @@ class ProbeReport:
             workers=[ProcessFigures.from_dict(w) for w in data.get("workers", [])],
             probe_cpu_s=float(data.get("probe_cpu_s", 0.0)),
             shm_peak_bytes=data.get("shm_peak_bytes"),
+            system_busy_cpus=data.get("system_busy_cpus"),
         )
 
 
@@ -107,6 +111,12 @@ def _cpu(proc: psutil.Process) -> float | None:
     except psutil.Error:
         return None
     return float(t.user + t.system)
+
+
+def _system_busy() -> float:
+    """CPU seconds all processes on the machine spent busy so far (summed over CPUs)."""
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
 
 
 def _add(fig: ProcessFigures, cpu_s: float, wall_s: float) -> None:
@@ -142,6 +152,7 @@ class ProcessProbe:
         self._workers: dict[int, tuple[psutil.Process, ProcessFigures]] = {}
         self._start: dict[str, float] = {}
         self._report = ProbeReport()
+        self._system_busy_s = 0.0
 
     def __enter__(self) -> ProcessProbe:
         self._thread = threading.Thread(target=self._poll_shm, name="feedrate-probe", daemon=True)
@@ -183,7 +194,7 @@ class ProcessProbe:
                 self._report.pin_memory_thread = ProcessFigures("pin_memory_thread")
 
     def _counters(self, wall: float) -> dict[str, float]:
-        out = {"wall": wall, "main": _cpu(self._me) or 0.0}
+        out = {"wall": wall, "main": _cpu(self._me) or 0.0, "system": _system_busy()}
         out["probe"] = _thread_cpu(self._me, self._probe_tid)
         out["pin"] = _thread_cpu(self._me, self._pin_tid)
         for worker_id, (proc, _fig) in self._workers.items():
@@ -204,6 +215,7 @@ class ProcessProbe:
             return max(0.0, end.get(key, 0.0) - start.get(key, 0.0))
 
         rep.wall_s += span
+        self._system_busy_s += delta("system")
         rep.probe_cpu_s += delta("probe")
         pin_s = delta("pin")
         _add(rep.main, max(0.0, delta("main") - pin_s - delta("probe")), span)
@@ -223,6 +235,8 @@ class ProcessProbe:
         for fig in [rep.main, rep.pin_memory_thread, *rep.workers]:
             if fig is not None and fig.measured_s > 0:
                 fig.cpu_util = fig.cpu_s / fig.measured_s
+        if rep.wall_s > 0:
+            rep.system_busy_cpus = self._system_busy_s / rep.wall_s
         if self._shm_peak is not None and self._shm_base is not None:
             rep.shm_peak_bytes = max(0, self._shm_peak - self._shm_base)
         return rep

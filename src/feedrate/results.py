@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from feedrate.config import LoaderConfig
+from feedrate.findings import Finding
 from feedrate.probe import ProbeReport
 from feedrate.windows import Rate
 
@@ -158,4 +159,194 @@ class Measurement:
 
     @classmethod
     def from_json(cls, text: str) -> Measurement:
+        return cls.from_dict(json.loads(text))
+
+
+TUNE_SCHEMA = "feedrate.tune/1"
+
+
+@dataclass
+class Trial:
+    """One configuration tried while tuning: why, what it measured, and the verdict.
+
+    A trial the search predicted to exceed a budget is recorded with ``skipped`` set and no
+    figures; one whose measurement failed has ``error`` set."""
+
+    config: LoaderConfig
+    reason: str
+    samples_per_s: float = 0.0
+    spread: Spread | None = None
+    startup_s: float = 0.0
+    epoch_restart_s: list[float] = field(default_factory=list)
+    main_cpu: float = 0.0
+    workers_cpu: float = 0.0
+    main_uss_bytes: int | None = None
+    workers_uss_bytes: int | None = None
+    worker_uss_max_bytes: int | None = None
+    shm_peak_bytes: int | None = None
+    batch_bytes: int | None = None
+    stall_fraction: float | None = None
+    system_busy_cpus: float | None = None
+    verdict: str = ""
+    skipped: str | None = None
+    error: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.skipped is None and self.error is None and self.spread is not None
+
+    @property
+    def median(self) -> float:
+        """The rate compared across trials: the median window, robust to one noisy window."""
+        return self.spread.median if self.spread is not None else 0.0
+
+    @property
+    def noise(self) -> float:
+        """Relative half-width of this trial's spread."""
+        return self.spread.rel / 2 if self.spread is not None else 0.0
+
+    @property
+    def worker_cpu_mean(self) -> float:
+        n = self.config.num_workers
+        return self.workers_cpu / n if n else 0.0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Private memory of the main process and the workers (USS), what this config costs."""
+        return (self.main_uss_bytes or 0) + (self.workers_uss_bytes or 0)
+
+    @classmethod
+    def of(cls, m: Measurement, reason: str) -> Trial:
+        workers = m.processes.workers
+        uss = [w.uss_bytes for w in workers if w.uss_bytes is not None]
+        return cls(
+            config=m.config,
+            reason=reason,
+            samples_per_s=m.samples_per_s,
+            spread=m.spread,
+            startup_s=m.startup_s,
+            epoch_restart_s=list(m.epoch_restart_s),
+            main_cpu=m.processes.main.cpu_util,
+            workers_cpu=sum(w.cpu_util for w in workers),
+            main_uss_bytes=m.processes.main.uss_bytes,
+            workers_uss_bytes=sum(uss) if uss else None,
+            worker_uss_max_bytes=max(uss) if uss else None,
+            shm_peak_bytes=m.processes.shm_peak_bytes,
+            batch_bytes=m.batch_bytes,
+            stall_fraction=m.stall_fraction,
+            system_busy_cpus=m.processes.system_busy_cpus,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["config"] = self.config.to_dict()
+        out["spread"] = None if self.spread is None else self.spread.to_dict()
+        out["epoch_restart_s"] = list(self.epoch_restart_s)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trial:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known["config"] = LoaderConfig.from_dict(d["config"])
+        known["spread"] = None if d.get("spread") is None else Spread.from_dict(d["spread"])
+        return cls(**known)
+
+
+@dataclass
+class TuneResult:
+    """What ``tune`` found. Plain data: ``to_json``/``from_json`` round-trip it, and a saved
+    result renders again without measuring (``feedrate report``)."""
+
+    machine: dict[str, Any]
+    baseline: Trial
+    best: Trial
+    trials: list[Trial]
+    findings: list[Finding]
+    search_seconds: float
+    reason: str
+    code: str
+    target: str | None = None
+    batch_size: int | None = None
+    consumer: dict[str, Any] | None = None
+    bottleneck: str = ""
+    persistent: dict[str, Any] = field(default_factory=dict)
+    partial: bool = False
+    partial_reason: str | None = None
+    from_cache: bool = False
+    feedrate_version: str = ""
+    _source: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def speedup(self) -> float:
+        """Best rate over the user's own (medians)."""
+        return self.best.median / self.baseline.median if self.baseline.median > 0 else 0.0
+
+    def loader(self, source: Any = None) -> Any:
+        """The user's loader rebuilt with the best settings. A result loaded from JSON needs the
+        original loader (or factory) passed in."""
+        from torch.utils.data import DataLoader
+
+        from feedrate.config import rebuild
+
+        src = source if source is not None else self._source
+        if src is None:
+            raise ValueError("this result has no loader attached: pass the original loader")
+        loader = src() if callable(src) and not isinstance(src, DataLoader) else src
+        return rebuild(loader, self.best.config)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": TUNE_SCHEMA,
+            "feedrate_version": self.feedrate_version,
+            "machine": self.machine,
+            "target": self.target,
+            "batch_size": self.batch_size,
+            "consumer": self.consumer,
+            "baseline": self.baseline.to_dict(),
+            "best": self.best.to_dict(),
+            "speedup": self.speedup,
+            "reason": self.reason,
+            "bottleneck": self.bottleneck,
+            "code": self.code,
+            "persistent": self.persistent,
+            "trials": [t.to_dict() for t in self.trials],
+            "findings": [f.to_dict() for f in self.findings],
+            "search_seconds": self.search_seconds,
+            "partial": self.partial,
+            "partial_reason": self.partial_reason,
+            "from_cache": self.from_cache,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TuneResult:
+        if d.get("schema") != TUNE_SCHEMA:
+            raise ValueError(f"not a {TUNE_SCHEMA} document (schema: {d.get('schema')!r})")
+        return cls(
+            machine=d.get("machine", {}),
+            baseline=Trial.from_dict(d["baseline"]),
+            best=Trial.from_dict(d["best"]),
+            trials=[Trial.from_dict(t) for t in d.get("trials", [])],
+            findings=[Finding.from_dict(f) for f in d.get("findings", [])],
+            search_seconds=d.get("search_seconds", 0.0),
+            reason=d.get("reason", ""),
+            code=d.get("code", ""),
+            target=d.get("target"),
+            batch_size=d.get("batch_size"),
+            consumer=d.get("consumer"),
+            bottleneck=d.get("bottleneck", ""),
+            persistent=d.get("persistent", {}),
+            partial=bool(d.get("partial", False)),
+            partial_reason=d.get("partial_reason"),
+            from_cache=bool(d.get("from_cache", False)),
+            feedrate_version=d.get("feedrate_version", ""),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> TuneResult:
         return cls.from_dict(json.loads(text))

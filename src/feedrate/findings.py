@@ -1,0 +1,35 @@
+"""Findings: what is wrong or risky in a pipeline, with the evidence and the fix.
+
+Each rule is a small pure function over measured data that returns a ``Finding`` or None, so it
+is tested on its own with synthetic figures. A finding has a stable ``id`` (for scripts and
+suppression), a ``severity``, a ``message`` citing the evidence, and a ``fix`` written as code or
+a command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Severity = Literal["error", "warning", "info"]
+SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: Severity
+    message: str
+    fix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(data["id"], data["severity"], data["message"], data["fix"])
+
+
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Most important first; the order within a severity is kept."""
+    return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

@@ -1,0 +1,297 @@
+"""The guided search: which configuration to try next, and which one to recommend.
+
+Pure decisions over measured trials (no measuring here), so every rule is tested with synthetic
+trials. The search reads the signals a measurement carries, the way an expert would:
+
+* anchors first: no workers (cheap samples are fastest without inter-process copies) and one
+  worker per usable CPU;
+* workers mostly waiting (low CPU per worker) → latency-bound: double the workers, well past the
+  CPU count, while each doubling gains more than the noise;
+* workers or the main process saturating the CPUs → CPU-bound: look one step either side;
+* refine between the best and its tried neighbours; then a deeper prefetch queue, and batches in
+  completion order where allowed;
+* never start a configuration whose predicted memory or /dev/shm use exceeds the budget.
+
+With a consumer, the answer is the fewest workers that keep it fed (data stall under
+``STALL_MARGIN``), found by doubling then bisecting; without one, the fastest, where among
+configurations within the noise of the fastest the cheapest wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from feedrate.config import LoaderConfig
+from feedrate.results import Trial
+
+#: A gain must beat this relative margin (or the trials' own spread, if wider) to count.
+NOISE_FLOOR = 0.03
+#: With a consumer, a configuration keeps it fed when it waits for data at most this share of time.
+STALL_MARGIN = 0.05
+#: /dev/shm needed per batch in flight, over the batch's own bytes (headroom for fragmentation).
+SHM_HEADROOM = 1.5
+
+Bottleneck = Literal["no-workers", "main-process", "cpu", "latency", "unknown"]
+Proposal = tuple[LoaderConfig, str]
+
+
+@dataclass(frozen=True)
+class Space:
+    """What may be tried: ``cpus`` usable, the user's ``baseline`` (its other settings are kept),
+    the worker cap and the memory and /dev/shm budgets in bytes (None = unbounded)."""
+
+    cpus: int
+    baseline: LoaderConfig
+    max_workers: int
+    memory_budget: int | None = None
+    shm_budget: int | None = None
+    consumer: bool = False
+    allow_reorder: bool = False
+
+
+def noise(a: Trial, b: Trial) -> float:
+    return max(NOISE_FLOOR, a.noise, b.noise)
+
+
+def beats(b: Trial, a: Trial) -> bool:
+    """``b`` is faster than ``a`` by more than the noise of either."""
+    return b.median > a.median * (1 + noise(a, b))
+
+
+def covers(t: Trial) -> bool:
+    return t.measured and t.stall_fraction is not None and t.stall_fraction <= STALL_MARGIN
+
+
+def bottleneck(t: Trial, cpus: int) -> Bottleneck:
+    """What limits ``t``, from where its CPU time went (1.0 = one core busy)."""
+    if not t.measured:
+        return "unknown"
+    if t.config.num_workers == 0:
+        return "no-workers"
+    if t.main_cpu >= 0.85:
+        return "main-process"
+    busy = max(t.main_cpu + t.workers_cpu, t.system_busy_cpus or 0.0)
+    if busy >= 0.85 * cpus or t.worker_cpu_mean >= 0.8:
+        return "cpu"  # the CPUs are full, whoever fills them: more workers only compete
+    if t.worker_cpu_mean < 0.5:
+        return "latency"
+    return "unknown"
+
+
+def _with(base: LoaderConfig, workers: int, **changes: object) -> LoaderConfig:
+    """``workers`` workers, the baseline's other settings. Trials keep their workers alive
+    between epochs: restarting them is start-up, judged apart (``advice.judge_persistent``),
+    and repeated restarts would only make trials slower."""
+    pf = base.prefetch_factor if base.num_workers else None
+    cfg = LoaderConfig(workers, base.pin_memory, pf, workers > 0, base.in_order)
+    return replace(cfg, **changes) if changes else cfg  # type: ignore[arg-type]
+
+
+def series(space: Space, trials: list[Trial]) -> list[Trial]:
+    """Measured trials that vary only num_workers from the baseline's other settings."""
+    return [
+        t for t in trials if t.measured and _with(space.baseline, t.config.num_workers) == t.config
+    ]
+
+
+def fastest(trials: list[Trial]) -> Trial | None:
+    measured = [t for t in trials if t.measured]
+    return max(measured, key=lambda t: t.median) if measured else None
+
+
+def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) -> str | None:
+    """Why ``cfg`` would exceed a budget, predicted from measured per-process memory and batch
+    bytes; None when it fits or nothing is known yet."""
+    measured = [t for t in trials if t.measured]
+    per_worker = max((t.worker_uss_max_bytes or 0 for t in measured), default=0)
+    main = max((t.main_uss_bytes or 0 for t in measured), default=0)
+    batch = max((t.batch_bytes or 0 for t in measured), default=0)
+    w, pf = cfg.num_workers, cfg.prefetch_factor or 0
+    memory = main + w * per_worker
+    if space.memory_budget is not None and per_worker and memory > space.memory_budget:
+        return (
+            f"predicted memory {memory / 2**30:.2f} GiB over the budget of "
+            f"{space.memory_budget / 2**30:.2f} GiB ({per_worker / 2**20:.0f} MiB per worker)"
+        )
+    shm = int(batch * w * pf * SHM_HEADROOM)
+    if space.shm_budget is not None and batch and shm > space.shm_budget:
+        return (
+            f"predicted /dev/shm use {shm / 2**20:.0f} MiB over the budget of "
+            f"{space.shm_budget / 2**20:.0f} MiB ({w} workers × {pf} batches of "
+            f"{batch / 2**20:.1f} MiB in flight)"
+        )
+    return None
+
+
+def propose(space: Space, trials: list[Trial]) -> Proposal | None:
+    """The next configuration to try and why, or None when the search is done."""
+    tried = {t.config for t in trials}
+    steps = _consumer_steps if space.consumer else _fastest_steps
+    for step in steps:
+        proposal = step(space, trials)
+        if (
+            proposal is not None
+            and proposal[0] not in tried
+            and proposal[0].num_workers <= space.max_workers
+        ):
+            return proposal
+    return None
+
+
+def _anchor_none(space: Space, trials: list[Trial]) -> Proposal | None:
+    return _with(
+        space.baseline, 0
+    ), "no workers: cheap samples are fastest without inter-process copies"
+
+
+def _anchor_cpus(space: Space, trials: list[Trial]) -> Proposal | None:
+    return _with(space.baseline, space.cpus), f"one worker per usable CPU ({space.cpus})"
+
+
+def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Go past the largest count tried while it is the fastest, its last step up gained more
+    than the noise, and its workers mostly wait."""
+    main = series(space, trials)
+    top = max(main, key=lambda t: t.config.num_workers, default=None)
+    if top is None or top.config.num_workers == 0 or fastest(main) is not top:
+        return None
+    w = top.config.num_workers
+    lower = [t for t in main if 0 < t.config.num_workers < w]
+    if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
+        return None
+    kind = bottleneck(top, space.cpus)
+    if kind == "latency":
+        why = (
+            f"workers at {w} mostly wait ({top.worker_cpu_mean:.0%} CPU each): "
+            "more workers overlap the waits"
+        )
+        return _with(space.baseline, min(2 * w, space.max_workers)), why
+    if kind == "cpu" and w == space.cpus:
+        return _with(space.baseline, w + 1), "one more worker than CPUs, to fill I/O gaps"
+    if kind == "unknown":
+        why = f"workers at {w} neither saturate the CPUs nor mostly wait: try more"
+        return _with(space.baseline, min(2 * w, space.max_workers)), why
+    return None
+
+
+def _one_worker(space: Space, trials: list[Trial]) -> Proposal | None:
+    """When no workers beat one per CPU, check whether a single worker helps at all."""
+    best = fastest(series(space, trials))
+    if best is not None and best.config.num_workers == 0 and space.cpus > 1:
+        return _with(
+            space.baseline, 1
+        ), "one worker: does moving the work off the main process pay?"
+    return None
+
+
+def _cpu_neighbour(space: Space, trials: list[Trial]) -> Proposal | None:
+    best = fastest(series(space, trials))
+    if best is None or best.config.num_workers != space.cpus or space.cpus < 2:
+        return None
+    if bottleneck(best, space.cpus) in ("cpu", "main-process"):
+        return _with(
+            space.baseline, space.cpus - 1
+        ), "one worker fewer, leaving a core for the main process"
+    return None
+
+
+def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Bisect between the best count and a tried neighbour that is more than 25% away."""
+    main = series(space, trials)
+    best = fastest(main)
+    if best is None or best.config.num_workers == 0:
+        return None
+    b = best.config.num_workers
+    counts = sorted({t.config.num_workers for t in main})
+    higher = [c for c in counts if c > b]
+    lower = [c for c in counts if 0 < c < b]
+    for other in ([higher[0]] if higher else []) + ([lower[-1]] if lower else []):
+        if abs(other - b) > max(1, b // 4):
+            mid = (b + other) // 2
+            return _with(space.baseline, mid), f"between the best so far ({b}) and {other}"
+    return None
+
+
+def _prefetch(space: Space, trials: list[Trial]) -> Proposal | None:
+    best = fastest(trials)
+    if best is None or best.config.num_workers == 0:
+        return None
+    pf = best.config.prefetch_factor or 2
+    deeper = replace(best.config, prefetch_factor=pf * 2)
+    shallower = [t for t in trials if t.config == replace(best.config, prefetch_factor=pf // 2)]
+    if pf >= 8 or (shallower and not beats(best, shallower[0]) and pf > 2):
+        return None
+    return deeper, f"a deeper queue (prefetch_factor={pf * 2}) absorbs uneven per-sample cost"
+
+
+def _reorder(space: Space, trials: list[Trial]) -> Proposal | None:
+    best = fastest(trials)
+    if not space.allow_reorder or best is None or best.config.num_workers == 0:
+        return None
+    return replace(best.config, in_order=False), "batches in completion order, past slow samples"
+
+
+_fastest_steps = (
+    _anchor_none,
+    _anchor_cpus,
+    _one_worker,
+    _explore,
+    _cpu_neighbour,
+    _refine,
+    _prefetch,
+    _reorder,
+)
+
+
+def _double(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Consumer mode: double the workers until one configuration keeps the consumer fed."""
+    main = series(space, trials)
+    if not main or any(covers(t) for t in main):
+        return None
+    top = max(main, key=lambda t: t.config.num_workers)
+    w = top.config.num_workers
+    lower = [t for t in main if t.config.num_workers < w]
+    stuck = w >= space.cpus and bottleneck(top, space.cpus) != "latency"
+    if stuck and lower and not beats(top, max(lower, key=lambda t: t.median)):
+        return None  # CPU-bound and no longer gaining: more workers cannot feed it
+    nxt = 1 if w == 0 else min(2 * w, space.max_workers)
+    return (
+        _with(space.baseline, nxt),
+        f"{w} workers leave the consumer waiting "
+        f"{top.stall_fraction or 0:.0%} of the time: more workers",
+    )
+
+
+def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
+    main = series(space, trials)
+    fed = [t.config.num_workers for t in main if covers(t)]
+    if not fed:
+        return None
+    c = min(fed)
+    starved = [t.config.num_workers for t in main if not covers(t) and t.config.num_workers < c]
+    if not starved or c - max(starved) <= 1:
+        return None
+    mid = (c + max(starved)) // 2
+    return _with(space.baseline, mid), f"fewer workers ({mid}) that may still keep the consumer fed"
+
+
+_consumer_steps = (_anchor_none, _double, _bisect)
+
+
+def choose(space: Space, trials: list[Trial]) -> Trial | None:
+    """The recommendation: with a consumer the fewest workers (then least memory) that keep it
+    fed, else the one that stalls least; without, the cheapest within the noise of the fastest."""
+    measured = [t for t in trials if t.measured]
+    if not measured:
+        return None
+    if space.consumer:
+        fed = [t for t in measured if covers(t)]
+        if fed:
+            return min(fed, key=lambda t: (t.config.num_workers, t.memory_bytes))
+        return min(measured, key=lambda t: (t.stall_fraction or 1.0, -t.median))
+    top = max(measured, key=lambda t: t.median)
+    equal = [t for t in measured if not beats(top, t)]
+    return min(
+        equal, key=lambda t: (t.config.num_workers, t.config.prefetch_factor or 0, t.memory_bytes)
+    )

@@ -1,0 +1,273 @@
+"""``tune``: measure the user's settings, search guided by what each trial shows, recommend.
+
+Orchestration only: measuring is ``measure``, deciding is ``search``/``advice``/``checks``,
+rendering is elsewhere. The result is plain data (``TuneResult``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate import advice, cache, checks, search
+from feedrate.config import LoaderConfig, config_of, is_iterable_style
+from feedrate.consumer import Consumer, make_consumer
+from feedrate.errors import PipelineError, PipelineTimeoutError, UserError, WorkerKilledError
+from feedrate.machine import MachineFacts, collect
+from feedrate.measure import measure
+from feedrate.results import Trial, TuneResult
+
+#: The fewest seconds a search can do anything useful in: the baseline and two anchors.
+MIN_BUDGET_S = 5.0
+DEFAULT_MAX_WORKERS = 64
+#: Share of available memory and of free /dev/shm a search may plan to use.
+MEMORY_SHARE = 0.5
+SHM_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Sent before each trial (``trial`` is None) and after it (``trial`` set)."""
+
+    index: int
+    config: LoaderConfig
+    reason: str
+    elapsed_s: float
+    budget_s: float
+    trial: Trial | None = None
+
+
+def tune(
+    source: DataLoader[Any] | Callable[[], DataLoader[Any]],
+    *,
+    rate: float | None = None,
+    step_time: float | None = None,
+    step: Callable[[Any], object] | None = None,
+    step_name: str | None = None,
+    budget_s: float = 60.0,
+    max_workers: int | None = None,
+    memory_limit: int | None = None,
+    allow_reorder: bool = False,
+    fresh: bool = False,
+    use_cache: bool = True,
+    trial_seconds: float = 2.0,
+    target: str | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    machine: MachineFacts | None = None,
+) -> TuneResult:
+    """Find the best DataLoader settings for ``source`` on this machine.
+
+    Without a consumer the answer is the fastest configuration (the cheapest among those within
+    the noise of the fastest); with ``rate`` (samples/s), ``step_time`` (s per batch) or ``step``
+    (a callable taking a batch) it is the fewest workers that keep that consumer fed. The search
+    stops when gains fall within the noise or ``budget_s`` is spent (the result then says it is
+    partial). ``memory_limit`` bounds the predicted memory (bytes, default half of what is
+    available). Results are cached per machine and pipeline unless ``fresh``.
+    """
+    loader = source() if callable(source) and not isinstance(source, DataLoader) else source
+    if not isinstance(loader, DataLoader):
+        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    _check_budget(budget_s, trial_seconds, max_workers, memory_limit)
+    consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
+    facts = machine or collect()
+    space = _space(facts, loader, consumer, max_workers, memory_limit, allow_reorder)
+    options = {
+        "consumer": consumer.to_dict() if consumer else None,
+        "max_workers": max_workers,
+        "memory_limit": memory_limit,
+        "allow_reorder": allow_reorder,
+    }
+    cache_key = cache.key(facts, loader, options)
+    if use_cache and not fresh:
+        hit = _from_cache(cache_key, source)
+        if hit is not None:
+            return hit
+    run = _Run(loader, space, consumer, trial_seconds, budget_s, facts, target, progress)
+    result = run.search()
+    result._source = source
+    if use_cache and not result.partial:
+        cache.save(cache_key, result.to_dict())
+    return result
+
+
+def _check_budget(
+    budget_s: float, trial_s: float, max_workers: int | None, mem: int | None
+) -> None:
+    if budget_s < MIN_BUDGET_S:
+        raise UserError(
+            f"--budget-s {budget_s:g} is too short to measure anything: a search needs at least "
+            f"{MIN_BUDGET_S:g} s (your settings and two alternatives); the default is 60"
+        )
+    if trial_s <= 0:
+        raise UserError(f"trial seconds must be positive, got {trial_s:g}")
+    if max_workers is not None and max_workers < 0:
+        raise UserError(f"--max-workers must be 0 or more, got {max_workers}")
+    if mem is not None and mem <= 0:
+        raise UserError("--memory-limit must be positive")
+
+
+def _space(
+    facts: MachineFacts,
+    loader: DataLoader[Any],
+    consumer: Consumer | None,
+    max_workers: int | None,
+    memory_limit: int | None,
+    allow_reorder: bool,
+) -> search.Space:
+    available = facts.memory_available_bytes
+    if facts.memory_limit_bytes is not None:
+        available = min(available or facts.memory_limit_bytes, facts.memory_limit_bytes)
+    memory = memory_limit or (int(available * MEMORY_SHARE) if available else None)
+    shm = int(facts.shm_free_bytes * SHM_SHARE) if facts.shm_free_bytes else None
+    return search.Space(
+        cpus=facts.cpus_usable,
+        baseline=config_of(loader),
+        max_workers=DEFAULT_MAX_WORKERS if max_workers is None else max_workers,
+        memory_budget=memory,
+        shm_budget=shm,
+        consumer=consumer is not None,
+        allow_reorder=allow_reorder and not is_iterable_style(loader),
+    )
+
+
+def _from_cache(cache_key: str, source: Any) -> TuneResult | None:
+    document = cache.load(cache_key)
+    if document is None:
+        return None
+    try:
+        result = TuneResult.from_dict(document)
+    except (KeyError, TypeError, ValueError):
+        return None  # an unreadable entry (older format): tune again
+    result.from_cache = True
+    result._source = source
+    return result
+
+
+class _Run:
+    """One search: holds the trials and the clock; ``search()`` returns the result."""
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        space: search.Space,
+        consumer: Consumer | None,
+        trial_seconds: float,
+        budget_s: float,
+        facts: MachineFacts,
+        target: str | None,
+        progress: Callable[[Progress], None] | None,
+    ) -> None:
+        self.loader, self.space, self.consumer = loader, space, consumer
+        self.trial_seconds, self.budget_s = trial_seconds, budget_s
+        self.facts, self.target, self.progress = facts, target, progress
+        self.trials: list[Trial] = []
+        self.start = time.monotonic()
+        self.last_trial_s = 0.0
+        self.partial_reason: str | None = None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def search(self) -> TuneResult:
+        baseline = self.trial(self.space.baseline, "your settings", fatal=True)
+        while self.partial_reason is None:
+            proposal = search.propose(self.space, self.trials)
+            if proposal is None:
+                break
+            config, why = proposal
+            skip = search.predict_over_budget(self.space, self.trials, config)
+            if skip is not None:
+                self.trials.append(Trial(config, why, skipped=skip))
+                continue
+            if self.elapsed() + self.last_trial_s > self.budget_s:
+                self.partial_reason = (
+                    f"the budget of {self.budget_s:g} s was spent after {len(self.trials)} "
+                    f"trials; the search had more to try (next: {config.label()})"
+                )
+                break
+            self.trial(config, why)
+        return self.finish(baseline)
+
+    def trial(self, config: LoaderConfig, why: str, *, fatal: bool = False) -> Trial:
+        index = len(self.trials)
+        self._report(Progress(index, config, why, self.elapsed(), self.budget_s))
+        began = time.monotonic()
+        try:
+            m = measure(
+                self.loader,
+                config,
+                seconds=self.trial_seconds,
+                windows_count=4,
+                consumer=self.consumer,
+                machine=self.facts,
+                target=self.target,
+            )
+            trial = Trial.of(m, why)
+        except (WorkerKilledError, PipelineTimeoutError) as exc:
+            if fatal:
+                raise
+            trial = Trial(config, why, error=str(exc))
+        except PipelineError as exc:
+            if fatal:
+                raise
+            trial = Trial(config, why, error=str(exc))
+            self.partial_reason = f"the pipeline failed with {config.label()}: {exc}"
+        self.last_trial_s = time.monotonic() - began
+        self.trials.append(trial)
+        self._report(Progress(index, config, why, self.elapsed(), self.budget_s, trial))
+        return trial
+
+    def _report(self, event: Progress) -> None:
+        if self.progress is not None:
+            self.progress(event)
+
+    def finish(self, baseline: Trial) -> TuneResult:
+        best = search.choose(self.space, self.trials) or baseline
+        epoch_samples = _epoch_samples(self.loader)
+        persistent = advice.judge_persistent(best, epoch_samples)
+        advice.verdicts(self.space, self.trials, best)
+        final = advice.apply_persistent(best, persistent)
+        if final != best.config:
+            # persistent_workers changes only each epoch's start, not the steady-state rate.
+            best = replace(
+                best,
+                config=final,
+                reason=f"{best.reason}; persistent_workers set from the measured start-up cost",
+            )
+        described = self.consumer.describe() if self.consumer else None
+        return TuneResult(
+            machine=self.facts.to_dict(),
+            baseline=baseline,
+            best=best,
+            trials=self.trials,
+            findings=checks.tune_findings(
+                self.space, self.facts.to_dict(), baseline, best, self.trials, epoch_samples
+            ),
+            search_seconds=self.elapsed(),
+            reason=advice.reason(self.space, best, baseline, described),
+            code=advice.code_line(self.loader, final),
+            target=self.target,
+            batch_size=self.loader.batch_size,
+            consumer=self.consumer.to_dict() if self.consumer else None,
+            bottleneck=search.bottleneck(best, self.space.cpus),
+            persistent=persistent,
+            partial=self.partial_reason is not None,
+            partial_reason=self.partial_reason,
+            feedrate_version=feedrate.__version__,
+        )
+
+
+def _epoch_samples(loader: DataLoader[Any]) -> int | None:
+    """Samples in one epoch, where the sampler knows (with a custom batch sampler DataLoader's
+    own sampler spans the dataset, which is close enough for judging start-up cost)."""
+    if is_iterable_style(loader):
+        return None
+    try:
+        return len(loader.sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None

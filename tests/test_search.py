@@ -1,0 +1,204 @@
+"""The guided search on synthetic pipelines: models of how samples/s and CPU use respond to the
+number of workers. Each model has a known optimum; the search must find it without measuring
+everything, whatever side of the CPU count it lies on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from feedrate.config import LoaderConfig
+from feedrate.results import Spread, Trial
+from feedrate.search import (
+    STALL_MARGIN,
+    Space,
+    beats,
+    bottleneck,
+    choose,
+    predict_over_budget,
+    propose,
+)
+
+
+@dataclass(frozen=True)
+class Figures:
+    rate: float
+    main_cpu: float
+    worker_cpu: float  # each
+    noise: float = 0.02
+    worker_uss: int = 20 * 2**20
+
+
+Model = Callable[[LoaderConfig], Figures]
+
+
+def make_trial(cfg: LoaderConfig, why: str, f: Figures, consumer: float | None) -> Trial:
+    r = f.rate
+    stall = None if consumer is None else max(0.0, 1 - r / consumer)
+    achieved = r if consumer is None else min(r, consumer)
+    return Trial(
+        config=cfg,
+        reason=why,
+        samples_per_s=achieved,
+        spread=Spread([achieved], achieved, achieved * (1 - f.noise), achieved * (1 + f.noise), 0),
+        main_cpu=f.main_cpu,
+        workers_cpu=f.worker_cpu * cfg.num_workers,
+        main_uss_bytes=100 * 2**20,
+        workers_uss_bytes=f.worker_uss * cfg.num_workers,
+        worker_uss_max_bytes=f.worker_uss if cfg.num_workers else None,
+        batch_bytes=2**20,
+        stall_fraction=stall,
+    )
+
+
+def run(space: Space, model: Model, consumer: float | None = None) -> tuple[Trial, list[Trial]]:
+    trials = [make_trial(space.baseline, "yours", model(space.baseline), consumer)]
+    for _ in range(60):
+        proposal = propose(space, trials)
+        if proposal is None:
+            break
+        cfg, why = proposal
+        skip = predict_over_budget(space, trials, cfg)
+        trials.append(
+            Trial(cfg, why, skipped=skip) if skip else make_trial(cfg, why, model(cfg), consumer)
+        )
+    else:
+        raise AssertionError("search did not stop")
+    best = choose(space, trials)
+    assert best is not None
+    return best, trials
+
+
+def tiny(cfg: LoaderConfig) -> Figures:
+    """Microsecond samples: IPC dominates, no workers is 3x faster."""
+    if cfg.num_workers == 0:
+        return Figures(300_000, 1.0, 0.0)
+    return Figures(100_000, 0.95, 0.3)
+
+
+def cpu_bound(cpus: int) -> Model:
+    def model(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        if w == 0:
+            return Figures(480, 1.0, 0.0)
+        useful = min(w, cpus - 0.3)
+        penalty = 0.97 ** max(0, w - cpus)  # oversubscription costs a little
+        return Figures(500 * useful * penalty, 0.3, min(1.0, (cpus - 0.3) / w))
+
+    return model
+
+
+def latency_bound(per_worker: float = 100.0, ceiling: float = 5_000.0) -> Model:
+    def model(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        if w == 0:
+            return Figures(per_worker * 0.95, 0.05, 0.0)
+        bonus = 1.15 if (cfg.prefetch_factor or 2) > 2 else 1.0
+        return Figures(min(w * per_worker * bonus, ceiling), min(0.9, w * 0.01), 0.03)
+
+    return model
+
+
+def space(cpus: int = 2, **kw: object) -> Space:
+    defaults: dict[str, object] = {"baseline": LoaderConfig(0), "max_workers": 64}
+    defaults.update(kw)
+    return Space(cpus=cpus, **defaults)  # type: ignore[arg-type]
+
+
+def test_tiny_samples_optimum_at_zero_workers() -> None:
+    best, trials = run(space(cpus=4, baseline=LoaderConfig(4)), tiny)
+    assert best.config.num_workers == 0
+    assert len(trials) <= 6
+
+
+@pytest.mark.parametrize("cpus", [2, 4, 8])
+def test_cpu_bound_optimum_near_cpu_count(cpus: int) -> None:
+    best, trials = run(space(cpus=cpus), cpu_bound(cpus))
+    assert cpus - 1 <= best.config.num_workers <= cpus + 1
+    assert max(t.config.num_workers for t in trials) <= cpus + 1  # did not wander far past
+
+
+def test_latency_bound_optimum_far_past_cpu_count() -> None:
+    best, trials = run(space(cpus=2), latency_bound())
+    assert best.config.num_workers >= 40  # the ceiling is reached at 50 workers
+    counts = sorted({t.config.num_workers for t in trials})
+    assert len(counts) <= 10  # doubling and bisecting, not a grid
+
+
+def test_search_stops_when_gains_fall_within_noise() -> None:
+    best, trials = run(space(cpus=2), latency_bound(per_worker=100, ceiling=450))
+    assert max(t.config.num_workers for t in trials) <= 16
+    assert 4 <= best.config.num_workers <= 8
+
+
+def test_deeper_prefetch_kept_only_when_it_measures_better() -> None:
+    best, _ = run(space(cpus=2, max_workers=8), latency_bound(ceiling=10_000))
+    assert best.config.prefetch_factor == 4
+    best, trials = run(space(cpus=4), cpu_bound(4))
+    assert any(t.config.prefetch_factor == 4 for t in trials)
+    assert best.config.prefetch_factor == 2  # no gain: the cheaper queue wins
+
+
+def test_memory_budget_skips_without_starting() -> None:
+    model = latency_bound()
+    big = lambda cfg: Figures(**{**model(cfg).__dict__, "worker_uss": 500 * 2**20})  # noqa: E731
+    best, trials = run(space(cpus=2, memory_budget=4 * 2**30), big)
+    skipped = [t for t in trials if t.skipped]
+    assert skipped and all("over the budget" in (t.skipped or "") for t in skipped)
+    assert all(t.config.num_workers * 500 * 2**20 <= 4 * 2**30 for t in trials if t.measured)
+    assert best.config.num_workers <= 7
+
+
+def test_shm_budget_predicted_from_batch_bytes() -> None:
+    s = space(cpus=2, shm_budget=10 * 2**20)
+    trials = [make_trial(LoaderConfig(2), "x", latency_bound()(LoaderConfig(2)), None)]
+    reason = predict_over_budget(s, trials, LoaderConfig(8, prefetch_factor=2))
+    assert reason is not None and "/dev/shm" in reason
+
+
+def test_consumer_mode_picks_fewest_workers_that_cover() -> None:
+    s = space(cpus=2, consumer=True)
+    best, trials = run(s, latency_bound(per_worker=100), consumer=1000.0)
+    # 100 samples/s per worker: 10 workers feed 1000 samples/s (stall 0 ≤ margin), 9 do not.
+    assert best.config.num_workers == 10
+    assert best.stall_fraction is not None and best.stall_fraction <= STALL_MARGIN
+
+
+def test_consumer_mode_zero_workers_when_main_process_keeps_up() -> None:
+    best, trials = run(space(cpus=2, consumer=True), tiny, consumer=1000.0)
+    assert best.config.num_workers == 0
+    assert len(trials) == 1
+
+
+def test_consumer_mode_gives_up_when_cpu_bound_and_not_gaining() -> None:
+    best, trials = run(space(cpus=2, consumer=True), cpu_bound(2), consumer=100_000.0)
+    assert max(t.config.num_workers for t in trials) <= 4
+    assert best.stall_fraction is not None and best.stall_fraction > STALL_MARGIN
+
+
+def test_choose_prefers_cheapest_within_noise() -> None:
+    f = Figures(1000, 0.1, 0.1, noise=0.05)
+    a = make_trial(LoaderConfig(8), "a", f, None)
+    b = make_trial(LoaderConfig(4), "b", Figures(980, 0.1, 0.1, noise=0.05), None)
+    assert not beats(a, b)
+    assert choose(space(), [a, b]) is b
+
+
+def test_bottleneck_classes() -> None:
+    assert bottleneck(make_trial(LoaderConfig(0), "", Figures(1, 1.0, 0), None), 2) == "no-workers"
+    assert (
+        bottleneck(make_trial(LoaderConfig(4), "", Figures(1, 0.95, 0.1), None), 2)
+        == "main-process"
+    )
+    assert bottleneck(make_trial(LoaderConfig(2), "", Figures(1, 0.1, 0.9), None), 2) == "cpu"
+    assert bottleneck(make_trial(LoaderConfig(8), "", Figures(1, 0.1, 0.05), None), 2) == "latency"
+    contended = make_trial(LoaderConfig(2), "", Figures(1, 0.1, 0.6), None)
+    contended.system_busy_cpus = 1.95
+    assert bottleneck(contended, 2) == "cpu"
+
+
+def test_every_trial_records_why() -> None:
+    _, trials = run(space(cpus=2), latency_bound())
+    assert all(t.reason for t in trials)
