@@ -1,4 +1,4 @@
-"""What does feedrate's measurement cost? Compare ``feedrate.measure.measure`` with a bare
+"""What does feedrate's measurement cost? Compare ``feedrate.measuring.measure`` with a bare
 ``for batch in loader`` loop on the same configuration, interleaved in one run.
 
 Both sides rebuild the example's loader with the same ``LoaderConfig``, discard
@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import datetime
 import itertools
+import os
 import signal
 import sys
 import time
@@ -44,14 +45,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader
 
 import feedrate
-import feedrate.measure
-import feedrate.probe
 from feedrate import windows
 from feedrate.config import LoaderConfig, quiet_worker_count_warning, rebuild
 from feedrate.failures import stop_workers
-from feedrate.machine import collect
-from feedrate.measure import measure, warmup_batches
-from feedrate.probe import ProbeReport
+from feedrate.machine import MachineFacts, collect
+from feedrate.measuring import measure, warmup_batches
 from feedrate.target import load_target
 
 WINDOWS = 5
@@ -202,40 +200,18 @@ def _bare_epoch(
     return result
 
 
-class NullProbe:
-    """Stands in for ``ProcessProbe`` in the ``no-probe`` ablation: no thread, no reads."""
-
-    def __enter__(self) -> NullProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def attach(self, iterator: object) -> None:
-        return None
-
-    def window_open(self, wall: float) -> None:
-        return None
-
-    def window_close(self, wall: float) -> None:
-        return None
-
-    def report(self) -> ProbeReport:
-        return ProbeReport()
-
-
 @contextlib.contextmanager
 def ablated(arm: Arm) -> Iterator[list[tuple[str, float, float]] | None]:
     """Switch off the parts of feedrate that ``arm`` leaves out (patched for this call only);
     with the probe on, time its reads. Yields the read log, or None without a probe."""
     with contextlib.ExitStack() as stack:
         if not arm.probe:
-            stack.enter_context(mock.patch.object(feedrate.measure, "ProcessProbe", NullProbe))
+            stack.enter_context(costs.without_probe())
             yield None
             return
         log = stack.enter_context(costs.timed_probe())
         if not arm.memory:
-            stack.enter_context(mock.patch.object(feedrate.probe, "_memory", lambda *_: None))
+            stack.enter_context(mock.patch.object(costs.PROBE, "_memory", lambda *_: None))
         yield log
 
 
@@ -271,7 +247,7 @@ class Bench:
     arms: Sequence[Arm]
     rounds: int
     quick: bool
-    facts: Any = field(default_factory=collect)
+    facts: MachineFacts = field(default_factory=collect)
     loaders: dict[str, DataLoader[Any]] = field(default_factory=dict)
     schedules: dict[str, Schedule] = field(default_factory=dict)
     runs: list[Run] = field(default_factory=list)
@@ -334,7 +310,7 @@ def micro_costs() -> dict[str, Any]:
     loader = load_target("examples/tabular.py:loader")
     batch = next(iter(loader))
     return {
-        "per_batch": costs.per_batch_cost(batch, loader.batch_size or 1),
+        "per_batch": costs.per_batch_cost(batch),
         "wrapper_per_sample": costs.wrapper_cost(loader),
     }
 
@@ -375,7 +351,7 @@ def make_bench(args: argparse.Namespace) -> Bench:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     signal.signal(signal.SIGTERM, _on_sigterm)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()
     bench = make_bench(args)
     console.print(f"machine: {report.machine_line(bench.facts.to_dict())}")
     try:
@@ -386,7 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = leftover_children()
         if left:
             console.print(f"[red]ended {len(left)} leftover worker processes: {left}")
-    data = report.build(bench, micro, _meta(argv, time.perf_counter() - started))
+    meta = _meta(argv, time.perf_counter() - started)
+    meta["loadavg_1m"] = {"start": load_before[0], "end": os.getloadavg()[0]}
+    data = report.build(bench, micro, meta)
     stem = "overhead-attribution" if args.attribute else "overhead"
     report.write(data, stem)
     console.print(report.table(data))
@@ -406,4 +384,8 @@ def _meta(argv: Sequence[str] | None, wall_s: float) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        console.print("[red]interrupted; no worker process left running, no results written")
+        sys.exit(130)

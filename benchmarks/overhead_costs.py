@@ -6,8 +6,8 @@ same run as the span they burden, so a slow host slows both alike and the share 
 
 * probe reads at window boundaries that fall inside the timed span (``TimedProbe``, in every
   feedrate run; the memory reads, ``memory_full_info``, timed apart);
-* per-batch bookkeeping: ``windows.run`` with measure's per-batch hook (counter and watchdog
-  kick) against the bare loop's, over the same in-memory batches (``per_batch_cost``);
+* per-batch bookkeeping: ``measure`` against the bare loop over a loader whose batches cost
+  almost nothing, the probe left out (``per_batch_cost``);
 * the index-reporting wrapper: DataLoader's own fetcher over the wrapped and the plain dataset
   (``wrapper_cost``);
 * the /dev/shm polling thread: its CPU time as the probe reports it.
@@ -16,6 +16,8 @@ same run as the span they burden, so a slow host slows both alike and the share 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -23,17 +25,18 @@ from unittest import mock
 
 import psutil
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
-import feedrate.measure
-import feedrate.probe
-from feedrate import windows
-from feedrate.failures import IndexReportingDataset, Watchdog
-from feedrate.measure import count_samples
-from feedrate.probe import ProcessProbe
+from feedrate.config import LoaderConfig
+from feedrate.failures import IndexReportingDataset
+from feedrate.measuring import count_samples
+from feedrate.probe import ProbeReport, ProcessProbe
 
-_memory = feedrate.probe._memory
+# The modules themselves: the package re-exports a function named ``measure``.
+MEASURE = importlib.import_module("feedrate.measuring")
+PROBE = importlib.import_module("feedrate.probe")
+_memory = PROBE._memory
 
 
 class TimedProbe(ProcessProbe):
@@ -67,8 +70,8 @@ def timed_probe() -> Iterator[list[tuple[str, float, float]]]:
     """Within the block, ``measure()`` uses ``TimedProbe``; yields its log."""
     TimedProbe.log = []
     with (
-        mock.patch.object(feedrate.measure, "ProcessProbe", TimedProbe),
-        mock.patch.object(feedrate.probe, "_memory", _timed_memory),
+        mock.patch.object(MEASURE, "ProcessProbe", TimedProbe),
+        mock.patch.object(PROBE, "_memory", _timed_memory),
     ):
         yield TimedProbe.log
 
@@ -106,65 +109,100 @@ def bare_loop(batches: Iterable[Any], warmup: int, last: int, default: int) -> t
     return end - start, samples
 
 
-def _bare_loop(batches: Sequence[Any], default: int) -> float:
-    t0 = time.perf_counter()
-    bare_loop(batches, 1, len(batches), default)
-    return time.perf_counter() - t0
+class NullProbe:
+    """Stands in for ``ProcessProbe``: no thread, no reads."""
+
+    def __enter__(self) -> NullProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def attach(self, iterator: object) -> None:
+        return None
+
+    def window_open(self, wall: float) -> None:
+        return None
+
+    def window_close(self, wall: float) -> None:
+        return None
+
+    def report(self) -> ProbeReport:
+        return ProbeReport()
 
 
-def _measure_loop(batches: Sequence[Any], default: int) -> float:
-    """``windows.run`` with the per-batch hook ``measure`` installs (a counter and a watchdog
-    kick); window hooks are left out, the probe reads are accounted for apart."""
-    current = {"batches": 0}
-    plan = windows.WindowPlan(5, len(batches) - 1, None, 1)
-    with Watchdog(60.0, lambda: "") as dog:
-
-        def on_batch() -> None:
-            current["batches"] += 1
-            dog.kick()
-
-        t0 = time.perf_counter()
-        windows.run(
-            lambda: iter(batches),
-            plan,
-            lambda b: count_samples(b, default),
-            clock=time.perf_counter,
-            hooks=windows.Hooks(batch=on_batch),
-            epoch_length=len(batches),
-        )
-        return time.perf_counter() - t0
+@contextlib.contextmanager
+def without_probe() -> Iterator[None]:
+    with mock.patch.object(MEASURE, "ProcessProbe", NullProbe):
+        yield
 
 
-def per_batch_cost(batch: Any, default: int, n: int = 20_000, repeats: int = 7) -> dict[str, float]:
-    """Seconds per batch that ``measure``'s loop adds over the bare loop (min over interleaved
-    repeats, the least disturbed estimate), and each loop's own cost."""
-    batches = [batch] * n
+class _SameBatch(Dataset[Any]):
+    """``n`` items, each the same ready-made batch: the cheapest loader that yields real batches."""
+
+    def __init__(self, batch: Any, n: int) -> None:
+        self.batch, self.n = batch, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> Any:
+        return self.batch
+
+
+def _first(items: list[Any]) -> Any:
+    return items[0]
+
+
+def per_batch_cost(batch: Any, n: int = 20_000, repeats: int = 7) -> dict[str, float]:
+    """Seconds per batch that ``measure``'s own loop adds (sample counting, batch bytes, window
+    bookkeeping, the watchdog kick): ``measure`` (one window, no wrapper, the probe replaced by a
+    no-op as it is accounted apart) against the bare loop over a loader that yields ``batch``
+    ``n`` times at almost no cost. Min over interleaved repeats, the least disturbed estimate."""
+    loader = DataLoader(_SameBatch(batch, n), batch_size=1, collate_fn=_first)
     bare, fr = [], []
     for _ in range(repeats):
-        bare.append(_bare_loop(batches, default) / n)
-        fr.append(_measure_loop(batches, default) / n)
+        seconds, _samples = bare_loop(iter(loader), 1, n, 1)
+        bare.append(seconds / (n - 1))
+        with without_probe():
+            m = MEASURE.measure(
+                loader, LoaderConfig(), batches=n - 1, windows_count=1, report_index=False
+            )
+        fr.append(m.window.seconds / m.window.batches)
     return {"bare_s": min(bare), "measure_s": min(fr), "added_s": min(fr) - min(bare)}
 
 
 # --- the index-reporting wrapper ----------------------------------------------------------------
 
 
-def wrapper_cost(loader: DataLoader[Any], batches: int = 20, repeats: int = 5) -> dict[str, float]:
-    """Seconds per sample the wrapper adds to DataLoader's fetch (same indices, same collate;
-    min over interleaved repeats). ``batches`` batches of the loader's sampler per repeat."""
+def wrapper_cost(loader: DataLoader[Any], batches: int = 100, repeats: int = 7) -> dict[str, float]:
+    """Seconds per sample the wrapper adds to DataLoader's fetch: the same index batches fetched
+    and collated through the plain and the wrapped dataset, alternating batch by batch so drift
+    cancels; the median over ``repeats`` of the difference."""
     torch.manual_seed(0)
-    indices = [idx for _, idx in zip(range(batches), loader.batch_sampler, strict=False)]
+    sampler: Iterable[list[int]] = loader.batch_sampler or []
+    indices = [idx for _, idx in zip(range(batches), sampler, strict=False)]
     n = sum(len(i) for i in indices)
-    plain, wrapped = [], []
+    plain = _fetcher(loader, loader.dataset)
+    wrapped = _fetcher(loader, IndexReportingDataset(loader.dataset))
+    base, added = [], []
     for _ in range(repeats):
-        plain.append(_fetch_time(loader, loader.dataset, indices) / n)
-        wrapped.append(_fetch_time(loader, IndexReportingDataset(loader.dataset), indices) / n)
-    return {"plain_s": min(plain), "wrapped_s": min(wrapped), "added_s": min(wrapped) - min(plain)}
+        t_plain = t_wrapped = 0.0
+        for k, idx in enumerate(indices):
+            first, second = (plain, wrapped) if k % 2 == 0 else (wrapped, plain)
+            t_first, t_second = _fetch_time(first, idx), _fetch_time(second, idx)
+            t_plain += t_first if first is plain else t_second
+            t_wrapped += t_second if first is plain else t_first
+        base.append(t_plain / n)
+        added.append((t_wrapped - t_plain) / n)
+    return {"plain_s": statistics.median(base), "added_s": statistics.median(added)}
 
 
-def _fetch_time(loader: DataLoader[Any], dataset: Any, indices: Sequence[list[int]]) -> float:
-    fetcher = _MapDatasetFetcher(dataset, True, loader.collate_fn, loader.drop_last)
+def _fetcher(loader: DataLoader[Any], dataset: Any) -> _MapDatasetFetcher:
+    return _MapDatasetFetcher(dataset, True, loader.collate_fn, loader.drop_last)
+
+
+def _fetch_time(fetcher: _MapDatasetFetcher, indices: list[int]) -> float:
     t0 = time.perf_counter()
-    for idx in indices:
-        fetcher.fetch(idx)
+    fetcher.fetch(indices)  # type: ignore[no-untyped-call]
     return time.perf_counter() - t0

@@ -99,7 +99,7 @@ def _accounting(runs: list[dict[str, Any]], micro: dict[str, Any]) -> dict[str, 
     bare = [r for r in runs if r["arm"] == BARE]
 
     def share(key: str) -> float:
-        return statistics.median(r[key] / r["seconds"] for r in fr)
+        return float(statistics.median(r[key] / r["seconds"] for r in fr))
 
     batches_per_s = statistics.median(r["batches"] / r["seconds"] for r in bare)
     samples_per_s = statistics.median(r["samples_per_s"] for r in bare)
@@ -214,10 +214,15 @@ def markdown(data: dict[str, Any]) -> str:
             "",
             *_md(*_accounting_rows(data)),
             "",
-            f"Machine: {machine_line(data['machine'])}.",
+            f"Machine: {machine_line(data['machine'])}; {_load(data['loadavg_1m'])}.",
             "",
         ]
     )
+
+
+def _load(load: dict[str, float]) -> str:
+    start, end = load["start"], load["end"]
+    return f"1-minute load average {start:.1f} at the start, {end:.1f} at the end"
 
 
 def write(data: dict[str, Any], stem: str) -> None:

@@ -14,6 +14,8 @@ def test_public_names_are_pinned() -> None:
         "PipelineError",
         "PipelineTimeoutError",
         "TargetError",
+        "Trial",
+        "TuneResult",
         "UserError",
         "WorkerKilledError",
         "__version__",
@@ -22,6 +24,7 @@ def test_public_names_are_pinned() -> None:
         "machine_facts",
         "measure",
         "rebuild",
+        "tune",
     ]
     for name in feedrate.__all__:
         assert hasattr(feedrate, name)
@@ -32,3 +35,11 @@ def test_user_errors_exit_2_and_pipeline_errors_exit_3() -> None:
     assert feedrate.UserError("x").exit_code == 2
     assert feedrate.PipelineError("x").exit_code == 3
     assert issubclass(feedrate.WorkerKilledError, feedrate.PipelineError)
+
+
+def test_functions_do_not_shadow_their_modules() -> None:
+    import importlib
+
+    assert callable(feedrate.measure) and callable(feedrate.tune)
+    assert importlib.import_module("feedrate.measuring").measure is feedrate.measure
+    assert importlib.import_module("feedrate.tuning").tune is feedrate.tune

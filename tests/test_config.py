@@ -147,13 +147,13 @@ def test_kwargs_leave_worker_only_settings_out_without_workers() -> None:
         "pin_memory": False,
         "prefetch_factor": 2,
         "persistent_workers": False,
-            }
+    }
     assert LoaderConfig(6, True, 1, True).kwargs() == {
         "num_workers": 6,
         "pin_memory": True,
         "prefetch_factor": 1,
         "persistent_workers": True,
-            }
+    }
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from feedrate.config import LoaderConfig
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.failures import IndexReportingDataset, Watchdog, explain
-from feedrate.measure import measure
+from feedrate.measuring import measure
 
 from pipelines import (
     EmptyDataset,

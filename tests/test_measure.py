@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from feedrate.config import LoaderConfig
 from feedrate.consumer import make_consumer
-from feedrate.measure import measure
+from feedrate.measuring import measure
 from feedrate.results import MEASURE_SCHEMA, Measurement
 
 from pipelines import BusyDataset, ShardedStream, SleepDataset, TinyDataset
@@ -83,7 +83,7 @@ def test_json_schema_and_round_trip() -> None:
         "pin_memory": False,
         "prefetch_factor": 2,
         "persistent_workers": False,
-            }
+    }
     assert data["machine"]["cpus_usable"] >= 1
     again = Measurement.from_json(m.to_json())
     assert again.to_dict() == data

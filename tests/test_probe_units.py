@@ -1,4 +1,4 @@
-"""Tests for the pure parts of feedrate.probe and feedrate.measure (sample counting, warm-up
+"""Tests for the pure parts of feedrate.probe and feedrate.measuring (sample counting, warm-up
 length, report serialization), and one ProcessProbe run on a real 2-worker DataLoader."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 from torch.utils.data import DataLoader, Dataset
 
 from feedrate.config import LoaderConfig
-from feedrate.measure import _sample_counter, count_samples, measure, warmup_batches
+from feedrate.measuring import _sample_counter, count_samples, measure, warmup_batches
 from feedrate.probe import ProbeReport, ProcessFigures, ProcessProbe, shm_used_bytes
 
 # --- doubles -----------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_shm_budget_predicted_from_batch_bytes() -> None:
 
 def test_consumer_mode_picks_fewest_workers_that_cover() -> None:
     s = space(cpus=2, consumer=True)
-    best, trials = run(s, latency_bound(per_worker=100), consumer=1000.0)
+    best, _ = run(s, latency_bound(per_worker=100), consumer=1000.0)
     # 100 samples/s per worker: 10 workers feed 1000 samples/s (stall 0 ≤ margin), 9 do not.
     assert best.config.num_workers == 10
     assert best.stall_fraction is not None and best.stall_fraction <= STALL_MARGIN

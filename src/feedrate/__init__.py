@@ -20,9 +20,10 @@ from feedrate.errors import (
 )
 from feedrate.machine import MachineFacts
 from feedrate.machine import collect as machine_facts
-from feedrate.measure import measure
-from feedrate.results import Measurement
+from feedrate.measuring import measure
+from feedrate.results import Measurement, Trial, TuneResult
 from feedrate.target import load_target
+from feedrate.tuning import tune
 
 __all__ = [
     "FeedrateError",
@@ -32,6 +33,8 @@ __all__ = [
     "PipelineError",
     "PipelineTimeoutError",
     "TargetError",
+    "Trial",
+    "TuneResult",
     "UserError",
     "WorkerKilledError",
     "__version__",
@@ -40,4 +43,5 @@ __all__ = [
     "machine_facts",
     "measure",
     "rebuild",
+    "tune",
 ]

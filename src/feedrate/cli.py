@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -129,7 +130,7 @@ def measure(
     its spread, CPU and memory of every process."""
     from feedrate import render
     from feedrate.config import LoaderConfig, config_of
-    from feedrate.measure import measure as run_measure
+    from feedrate.measuring import measure as run_measure
 
     if batches is not None and seconds is not None:
         raise UserError("give --batches or --seconds, not both")
@@ -159,6 +160,216 @@ def measure(
     _out.print(render.measurement(result))
     if json_path is not None:
         _write_json(json_path, result.to_dict())
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 2**40,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """'8G', '512MiB', '2.5gb' or plain bytes → bytes. Raises UserError naming the input."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise UserError(f"--memory-limit {text!r} is not a size: use e.g. 8G, 512M or 2GiB")
+    value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise UserError(f"--memory-limit must be positive, got {text!r}")
+    return value
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator).")
+@click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")
+@click.option(
+    "--step",
+    "step_spec",
+    metavar="FILE:FUNC",
+    help="A real training step: a callable taking a batch.",
+)
+@click.option(
+    "--budget-s", type=float, default=60.0, show_default=True, help="Seconds the search may take."
+)
+@click.option("--max-workers", type=click.IntRange(min=0), help="Never try more workers.")
+@click.option(
+    "--memory-limit",
+    metavar="SIZE",
+    help="Memory the workers may use, e.g. 8G (default: half of what is available).",
+)
+@click.option(
+    "--allow-reorder", is_flag=True, help="Allow in_order=False (batches in completion order)."
+)
+@click.option("--fresh", is_flag=True, help="Measure again even if a cached result exists.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the result as JSON (schema feedrate.tune/1).",
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a PNG plot of samples/s against num_workers.",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a self-contained HTML report.",
+)
+def tune(
+    target: str,
+    rate: float | None,
+    step_time: float | None,
+    step_spec: str | None,
+    budget_s: float,
+    max_workers: int | None,
+    memory_limit: str | None,
+    allow_reorder: bool,
+    fresh: bool,
+    json_path: Path | None,
+    plot_path: Path | None,
+    html_path: Path | None,
+) -> None:
+    """Find the DataLoader settings that make TARGET fastest on this machine, or, with a
+    consumer (--rate, --step-time, --step), the cheapest that keep it fed; explain why."""
+    from feedrate.target import load_step
+    from feedrate.tuning import tune as run_tune
+
+    limit = parse_size(memory_limit) if memory_limit is not None else None
+    loader = _load(target)
+    step = load_step(step_spec) if step_spec else None
+    with _TuneProgress(budget_s) as progress:
+        result = run_tune(
+            loader,
+            rate=rate,
+            step_time=step_time,
+            step=step,
+            step_name=step_spec,
+            budget_s=budget_s,
+            max_workers=max_workers,
+            memory_limit=limit,
+            allow_reorder=allow_reorder,
+            fresh=fresh,
+            target=target,
+            progress=progress.update,
+        )
+    _show_tune(result, json_path, plot_path, html_path)
+
+
+@cli.command()
+@click.argument(
+    "run_json", metavar="RUN.json", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a PNG plot (tune results).",
+)
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a self-contained HTML report (tune results).",
+)
+def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> None:
+    """Render a saved result (from --json) again, without measuring."""
+    from feedrate import render
+    from feedrate.results import Measurement, TuneResult
+
+    try:
+        document = json.loads(run_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {run_json}: {exc}") from exc
+    schema = document.get("schema") if isinstance(document, dict) else None
+    if schema == "feedrate.tune/1":
+        _show_tune(TuneResult.from_dict(document), None, plot_path, html_path)
+    elif schema == "feedrate.measure/1":
+        if plot_path or html_path:
+            raise UserError("--plot and --html render tune results; this is a measurement")
+        _out.print(render.measurement(Measurement.from_dict(document)))
+    else:
+        raise UserError(f"{run_json} is not a feedrate result (schema: {schema!r})")
+
+
+def _show_tune(
+    result: Any, json_path: Path | None, plot_path: Path | None, html_path: Path | None
+) -> None:
+    from feedrate import render
+
+    _out.print(render.tune_result(result))
+    if json_path is not None:
+        _write_json(json_path, result.to_dict())
+    if plot_path is not None:
+        from feedrate.plot import plot_png
+
+        _err.print(f"wrote {plot_png(result, plot_path)}")
+    if html_path is not None:
+        from feedrate.html import write_html
+
+        write_html(result, html_path)
+        _err.print(f"wrote {html_path}")
+
+
+class _TuneProgress:
+    """Live progress on stderr: the trial running, the budget left, a line per finished trial."""
+
+    def __init__(self, budget_s: float) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+        self.budget_s = budget_s
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[left]}"),
+            console=_err,
+            transient=True,
+        )
+        self.task = self.bar.add_task("loading", total=budget_s, left="")
+
+    def __enter__(self) -> _TuneProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, event: Any) -> None:
+        left = f"{max(0.0, event.budget_s - event.elapsed_s):.0f} s of budget left"
+        self.bar.update(
+            self.task,
+            completed=min(event.elapsed_s, self.budget_s),
+            left=left,
+            description=f"trial {event.index + 1}: {event.config.label()}",
+        )
+        t = event.trial
+        if t is None:
+            return
+        if t.skipped or t.error:
+            what = f"skipped: {t.skipped}" if t.skipped else f"failed: {t.error}"
+        else:
+            what = f"{t.median:,.0f} samples/s ± {t.noise:.0%}"
+        self.bar.console.print(
+            f"  {t.config.label():24s} {what}  [dim]({t.reason})[/dim]", highlight=False
+        )
 
 
 def _load(target: str) -> Any:

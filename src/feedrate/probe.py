@@ -1,14 +1,18 @@
 """Per-process CPU and memory, and /dev/shm use, while a loader runs (psutil).
 
-The probe reads CPU counters only at window boundaries and memory at window ends, so it costs the
-measured loop nothing per batch; a daemon thread polls /dev/shm usage (one ``statvfs`` call every
-``shm_interval_s``) to catch its peak, since batches in shared memory come and go between reads.
+The measuring thread reads only CPU counters, and only at window boundaries (one small /proc
+read per process), so the probe costs the measured loop nothing per batch. A daemon thread does
+the rest while windows are open: /dev/shm usage every ``shm_interval_s`` (one ``statvfs``, to
+catch the peak of batches that come and go) and every process's memory every
+``memory_interval_s`` (reading smaps is slow enough that doing it at window ends would eat into
+the windows).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +25,10 @@ class ProcessFigures:
 
     ``cpu_util`` is CPU seconds per wall second (1.0 = one core busy) over ``measured_s``, the
     window time during which the process could be read (a worker that exits with its epoch is
-    not read at that window's end, so that window counts neither its CPU nor its time). Memory is
-    in bytes, the largest value read at window ends: USS (memory only this process holds) and
-    PSS (its fair share of shared pages; None where the OS does not report it)."""
+    not read at that window's end, so that window counts neither its CPU nor its time). Memory
+    is in bytes, the largest value read during the windows (every 0.25 s): USS (memory only
+    this process holds) and PSS (its fair share of shared pages; None where the OS does not
+    report it)."""
 
     role: str
     pid: int | None = None
@@ -140,9 +145,19 @@ class ProcessProbe:
     """Attach to a DataLoader iterator, then call ``window_open``/``window_close`` around each
     measured window; ``report()`` gives the figures. Use as a context manager."""
 
-    def __init__(self, *, shm_path: str = "/dev/shm", shm_interval_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        *,
+        shm_path: str = "/dev/shm",
+        shm_interval_s: float = 0.05,
+        memory_interval_s: float = 0.25,
+    ) -> None:
         self._me = psutil.Process()
         self._shm_path, self._shm_interval = shm_path, shm_interval_s
+        self._memory_interval = memory_interval_s
+        self._in_window = False
+        self._memory_due = 0.0
+        self._lock = threading.Lock()
         self._shm_base = shm_used_bytes(shm_path)
         self._shm_peak = self._shm_base
         self._stop = threading.Event()
@@ -155,7 +170,7 @@ class ProcessProbe:
         self._system_busy_s = 0.0
 
     def __enter__(self) -> ProcessProbe:
-        self._thread = threading.Thread(target=self._poll_shm, name="feedrate-probe", daemon=True)
+        self._thread = threading.Thread(target=self._poll, name="feedrate-probe", daemon=True)
         self._thread.start()
         return self
 
@@ -164,12 +179,23 @@ class ProcessProbe:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
 
-    def _poll_shm(self) -> None:
+    def _poll(self) -> None:
         self._probe_tid = threading.get_native_id()
         while not self._stop.wait(self._shm_interval):
             used = shm_used_bytes(self._shm_path)
             if used is not None and (self._shm_peak is None or used > self._shm_peak):
                 self._shm_peak = used
+            now = time.monotonic()
+            if self._in_window and now >= self._memory_due:
+                self._memory_due = now + self._memory_interval
+                self._read_memory()
+
+    def _read_memory(self) -> None:
+        with self._lock:
+            workers = list(self._workers.values())
+        for proc, fig in workers:
+            _memory(proc, fig)
+        _memory(self._me, self._report.main)
 
     def attach(self, iterator: object) -> None:
         """Learn the worker processes and the pin-memory thread of a DataLoader iterator (called
@@ -186,7 +212,9 @@ class ProcessProbe:
                 continue
             fig = known[1] if known else ProcessFigures("worker", worker_id=worker_id)
             fig.pid = pid
-            self._workers[worker_id] = (handle, fig)
+            with self._lock:
+                self._workers[worker_id] = (handle, fig)
+        self._memory_due = 0.0  # new processes: read their memory at the next poll
         pin = getattr(iterator, "_pin_memory_thread", None)
         if pin is not None:
             self._pin_tid = getattr(pin, "native_id", None)
@@ -205,8 +233,10 @@ class ProcessProbe:
 
     def window_open(self, wall: float) -> None:
         self._start = self._counters(wall)
+        self._in_window = True
 
     def window_close(self, wall: float) -> None:
+        self._in_window = False
         end = self._counters(wall)
         start, rep = self._start, self._report
         span = max(0.0, wall - start.get("wall", wall))
@@ -225,11 +255,13 @@ class ProcessProbe:
             key = f"w{worker_id}:{proc.pid}"
             if key in start and key in end:
                 _add(fig, delta(key), span)
-                _memory(proc, fig)
-        _memory(self._me, rep.main)
 
     def report(self) -> ProbeReport:
+        """The figures. Memory read by the poller; where a run was too short for it to read
+        any, read once now (the processes still running can be read)."""
         rep = self._report
+        if rep.main.uss_bytes is None:
+            self._read_memory()
         rep.main.pid = self._me.pid
         rep.workers = [fig for _, (_, fig) in sorted(self._workers.items())]
         for fig in [rep.main, rep.pin_memory_thread, *rep.workers]:

@@ -9,9 +9,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from feedrate.findings import Finding, by_severity
 from feedrate.machine import MachineFacts
 from feedrate.probe import ProcessFigures
-from feedrate.results import Measurement
+from feedrate.results import Measurement, Trial, TuneResult
 
 
 def size(n: int | float | None) -> str:
@@ -151,4 +152,121 @@ def measurement(m: Measurement) -> RenderableType:
     parts: list[Any] = [measurement_summary(m), Text(""), processes_table(m)]
     for note in m.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
+    return Group(*parts)
+
+
+def _trial_row(t: Trial, best: Trial, baseline: Trial) -> tuple[str, ...]:
+    label = t.config.label()
+    if t is baseline:
+        label += " (yours)"
+    if t.skipped:
+        return (label, t.reason, "-", "-", "-", "-", "-", f"skipped: {t.skipped}")
+    if t.error:
+        return (label, t.reason, "-", "-", "-", "-", "-", f"failed: {t.error}")
+    stall = "" if t.stall_fraction is None else f"{t.stall_fraction:.0%}"
+    return (
+        label,
+        t.reason,
+        f"{rate(t.median)} ± {t.noise:.0%}",
+        f"{t.main_cpu:.0%} / {t.workers_cpu:.0%}",
+        size(t.memory_bytes) if t.memory_bytes else "-",
+        f"{t.startup_s:.2f}",
+        stall,
+        t.verdict,
+    )
+
+
+def trials_table(result: TuneResult) -> Table:
+    """Every trial in the order tried, with why it was tried and the verdict."""
+    table = Table(title="Trials (in the order tried)", title_justify="left", expand=False)
+    for col, justify in (
+        ("config", "left"),
+        ("why tried", "left"),
+        ("samples/s", "right"),
+        ("CPU main / workers", "right"),
+        ("memory (USS)", "right"),
+        ("start-up s", "right"),
+        ("stall", "right"),
+        ("verdict", "left"),
+    ):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for t in result.trials:
+        style = "bold green" if t.config == result.best.config or t is result.best else None
+        table.add_row(*_trial_row(t, result.best, result.baseline), style=style)
+    return table
+
+
+def _persistent_line(p: dict[str, Any]) -> str | None:
+    if not p.get("applies"):
+        return None
+    saved = p["seconds_saved_per_epoch"]
+    share = p.get("share_of_epoch")
+    of_epoch = f" ({share:.1%} of an epoch)" if share is not None else ""
+    verdict = "on" if p["recommended"] else "off (not worth it)"
+    return (
+        f"{verdict}: restarting workers costs {saved:.2f} s per epoch{of_epoch}, "
+        f"measured from {p.get('measured_from', 'start-up')}"
+    )
+
+
+def recommendation(result: TuneResult) -> Table:
+    best, base = result.best, result.baseline
+    rows = [
+        ("recommended", best.config.label()),
+        (
+            "measured",
+            f"{rate(best.median)} samples/s ± {best.noise:.0%} "
+            f"({result.speedup:.2f}× your {rate(base.median)} samples/s "
+            f"with {base.config.label()})",
+        ),
+        ("why", result.reason),
+        (
+            "resources",
+            f"{best.main_cpu + best.workers_cpu:.1f} CPUs busy, "
+            f"{size(best.memory_bytes)} private memory",
+        ),
+    ]
+    if result.consumer is not None:
+        rows.append(
+            (
+                "data stall",
+                f"{best.stall_fraction or 0:.0%} (yours: {base.stall_fraction or 0:.0%})",
+            )
+        )
+    persistent = _persistent_line(result.persistent)
+    if persistent:
+        rows.append(("persistent_workers", persistent))
+    if result.machine.get("accelerator", "none") == "none":
+        rows.append(("pin_memory", "no effect here: there is no accelerator to copy to"))
+    rows.append(("code", result.code))
+    origin = " (from the cache: --fresh measures again)" if result.from_cache else ""
+    rows.append(("search", f"{len(result.trials)} trials in {result.search_seconds:.0f} s{origin}"))
+    return _kv_table(rows, title=f"feedrate tune {result.target or ''}".rstrip())
+
+
+def findings_list(findings: list[Finding]) -> RenderableType:
+    if not findings:
+        return Text("no problems found", style="green")
+    colors = {"error": "red", "warning": "yellow", "info": "cyan"}
+    lines = []
+    for f in by_severity(findings):
+        line = Text()
+        line.append(f"{f.severity:7s} ", style=f"bold {colors.get(f.severity, '')}")
+        line.append(f"{f.id}: ", style="bold")
+        line.append(f.message)
+        line.append(f"\n        fix: {f.fix}", style="dim")
+        lines.append(line)
+    return Group(*lines)
+
+
+def tune_result(result: TuneResult) -> RenderableType:
+    parts: list[Any] = [trials_table(result), Text("")]
+    if result.partial:
+        parts.append(Text(f"PARTIAL RESULT: {result.partial_reason}", style="bold red"))
+    parts += [
+        recommendation(result),
+        Text(""),
+        Text("Findings", style="bold"),
+        findings_list(result.findings),
+    ]
     return Group(*parts)

@@ -183,6 +183,8 @@ class Trial:
     main_uss_bytes: int | None = None
     workers_uss_bytes: int | None = None
     worker_uss_max_bytes: int | None = None
+    main_pss_bytes: int | None = None
+    workers_pss_bytes: int | None = None
     shm_peak_bytes: int | None = None
     batch_bytes: int | None = None
     stall_fraction: float | None = None
@@ -212,13 +214,20 @@ class Trial:
 
     @property
     def memory_bytes(self) -> int:
-        """Private memory of the main process and the workers (USS), what this config costs."""
-        return (self.main_uss_bytes or 0) + (self.workers_uss_bytes or 0)
+        """Memory of the main process and the workers together: the sum of their PSS (pages
+        shared after fork counted once, split between the sharers) where the OS reports it,
+        else of their USS. A worker's own USS is what adding one more costs."""
+        main = self.main_pss_bytes if self.main_pss_bytes is not None else self.main_uss_bytes
+        workers = self.workers_pss_bytes
+        if workers is None:
+            workers = self.workers_uss_bytes
+        return (main or 0) + (workers or 0)
 
     @classmethod
     def of(cls, m: Measurement, reason: str) -> Trial:
         workers = m.processes.workers
         uss = [w.uss_bytes for w in workers if w.uss_bytes is not None]
+        pss = [w.pss_bytes for w in workers if w.pss_bytes is not None]
         return cls(
             config=m.config,
             reason=reason,
@@ -231,6 +240,8 @@ class Trial:
             main_uss_bytes=m.processes.main.uss_bytes,
             workers_uss_bytes=sum(uss) if uss else None,
             worker_uss_max_bytes=max(uss) if uss else None,
+            main_pss_bytes=m.processes.main.pss_bytes,
+            workers_pss_bytes=sum(pss) if pss else None,
             shm_peak_bytes=m.processes.shm_peak_bytes,
             batch_bytes=m.batch_bytes,
             stall_fraction=m.stall_fraction,

@@ -71,11 +71,13 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
         return "no-workers"
     if t.main_cpu >= 0.85:
         return "main-process"
-    busy = max(t.main_cpu + t.workers_cpu, t.system_busy_cpus or 0.0)
-    if busy >= 0.85 * cpus or t.worker_cpu_mean >= 0.8:
-        return "cpu"  # the CPUs are full, whoever fills them: more workers only compete
+    own = t.main_cpu + t.workers_cpu
+    if own >= 0.85 * cpus or t.worker_cpu_mean >= 0.8:
+        return "cpu"
     if t.worker_cpu_mean < 0.5:
-        return "latency"
+        return "latency"  # workers mostly off the CPU: waiting, not computing
+    if (t.system_busy_cpus or 0.0) >= 0.85 * cpus:
+        return "cpu"  # computing workers on CPUs that others fill: more workers only compete
     return "unknown"
 
 

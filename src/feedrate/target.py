@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from feedrate.errors import TargetError
 
-__all__ = ["TargetKind", "TargetSpec", "load_target", "parse_target"]
+__all__ = ["TargetKind", "TargetSpec", "load_step", "load_target", "parse_target"]
 
 TargetKind = Literal["file", "module"]
 
@@ -94,6 +94,26 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
         module = _run_user(target, "importing it", lambda: _import_module(target.location))
     value = _run_user(target, "getting it", lambda: _resolve(module, target))
     return _as_loader(value, target)
+
+
+def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
+    """Import a training step ``FILE.py:FUNC`` or ``package.module:FUNC``: a callable taking one
+    batch. Errors as for ``load_target`` (TargetError, one line)."""
+    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
+    if target.kind == "file":
+        module = _import_file(target)
+    else:
+        module = _run_user(target, "importing it", lambda: _import_module(target.location))
+    value = _run_user(target, "getting it", lambda: _resolve(module, target))
+    if not callable(value):
+        raise TargetError(f"{target} is {_a(value)}, not a callable taking a batch")
+    try:
+        inspect.signature(value).bind(object())
+    except TypeError as exc:
+        raise TargetError(f"{target} must take exactly one argument, the batch ({exc})") from None
+    except ValueError:
+        pass  # no signature to check (a builtin): trust it
+    return value  # type: ignore[no-any-return]
 
 
 def _import_file(target: TargetSpec) -> ModuleType:

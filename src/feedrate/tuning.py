@@ -19,7 +19,7 @@ from feedrate.config import LoaderConfig, config_of, is_iterable_style
 from feedrate.consumer import Consumer, make_consumer
 from feedrate.errors import PipelineError, PipelineTimeoutError, UserError, WorkerKilledError
 from feedrate.machine import MachineFacts, collect
-from feedrate.measure import measure
+from feedrate.measuring import measure
 from feedrate.results import Trial, TuneResult
 
 #: The fewest seconds a search can do anything useful in: the baseline and two anchors.

@@ -1,0 +1,113 @@
+"""tune() on real pipelines built to need a given answer, plus its contract: JSON, cache, bad
+input, partial results. Assertions are about choices with wide margins, never about speed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader
+
+from feedrate.config import LoaderConfig
+from feedrate.errors import PipelineError, UserError
+from feedrate.results import TUNE_SCHEMA, TuneResult
+from feedrate.tuning import tune
+
+from pipelines import EmptyDataset, FailingDataset, SleepDataset, TinyDataset
+
+FAST = {"trial_seconds": 0.5, "use_cache": False}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDRATE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_tiny_samples_choose_no_workers() -> None:
+    loader = DataLoader(TinyDataset(50_000), batch_size=256, num_workers=2)
+    r = tune(loader, budget_s=30, **FAST)
+    assert r.best.config.num_workers == 0
+    assert r.baseline.config == LoaderConfig(2)
+    assert all(t.reason for t in r.trials)
+    assert r.code == "DataLoader(dataset, batch_size=256, num_workers=0)"
+
+
+def test_latency_bound_goes_past_the_cpu_count() -> None:
+    loader = DataLoader(SleepDataset(4096, sleep_s=0.004), batch_size=4)
+    r = tune(loader, budget_s=60, max_workers=16, **FAST)
+    cpus = r.machine["cpus_usable"]
+    assert r.best.config.num_workers > cpus
+    assert r.bottleneck == "latency"
+    assert r.speedup > 2
+    assert any(f.id == "too-few-workers" for f in r.findings)
+
+
+def test_consumer_step_time_picks_the_fewest_workers_that_keep_it_fed() -> None:
+    # A worker makes a batch every 160 ms; the consumer takes one every 100 ms: one worker
+    # starves it, two keep it fed.
+    loader = DataLoader(SleepDataset(4096, sleep_s=0.01), batch_size=16)
+    r = tune(loader, step_time=0.1, budget_s=60, max_workers=16, **FAST)
+    assert r.consumer is not None and r.consumer["step_s"] == 0.1
+    assert r.best.stall_fraction is not None and r.best.stall_fraction <= 0.05
+    assert 2 <= r.best.config.num_workers <= 4
+    assert r.baseline.stall_fraction is not None and r.baseline.stall_fraction > 0.3
+    assert "fewest" in r.reason
+
+
+def test_json_round_trip_schema_and_loader() -> None:
+    source = DataLoader(TinyDataset(20_000), batch_size=128)
+    r = tune(source, budget_s=20, **FAST)
+    data = json.loads(r.to_json())
+    assert data["schema"] == TUNE_SCHEMA
+    for key in ("machine", "baseline", "best", "trials", "findings", "search_seconds"):
+        assert key in data
+    assert {"config", "samples_per_s"} <= set(data["best"]) and {"config"} <= set(data["baseline"])
+    assert all({"id", "severity", "message", "fix"} <= set(f) for f in data["findings"])
+    again = TuneResult.from_json(r.to_json())
+    assert again.to_dict() == data
+    rebuilt = r.loader()
+    assert isinstance(rebuilt, DataLoader) and rebuilt.dataset is source.dataset
+    assert rebuilt.num_workers == r.best.config.num_workers
+    with pytest.raises(ValueError, match="pass the original loader"):
+        again.loader()
+    assert again.loader(source).num_workers == r.best.config.num_workers
+
+
+def test_second_tune_comes_from_the_cache_unless_fresh() -> None:
+    loader = DataLoader(TinyDataset(20_000), batch_size=128)
+    first = tune(loader, budget_s=20, trial_seconds=0.5)
+    second = tune(loader, budget_s=20, trial_seconds=0.5)
+    assert not first.from_cache and second.from_cache
+    assert second.best.config == first.best.config
+    third = tune(loader, budget_s=20, trial_seconds=0.5, fresh=True)
+    assert not third.from_cache
+    other = tune(DataLoader(TinyDataset(20_000), batch_size=64), budget_s=20, trial_seconds=0.5)
+    assert not other.from_cache  # another batch size is another pipeline
+
+
+def test_short_budget_gives_a_partial_result() -> None:
+    loader = DataLoader(SleepDataset(4096, sleep_s=0.004), batch_size=4)
+    r = tune(loader, budget_s=5, trial_seconds=1.5, use_cache=False)
+    assert r.partial and r.partial_reason and "budget" in r.partial_reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget_s": 1}, "too short to measure anything"),
+        ({"rate": 0}, "--rate must be positive"),
+        ({"rate": -1.0}, "--rate must be positive"),
+        ({"rate": 10.0, "step_time": 0.1}, "at most one"),
+    ],
+)
+def test_bad_input_is_named(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        tune(DataLoader(TinyDataset(64), batch_size=8), use_cache=False, **kwargs)  # type: ignore[arg-type]
+
+
+def test_empty_loader_and_failing_dataset() -> None:
+    with pytest.raises(PipelineError, match="yielded no batch"):
+        tune(DataLoader(EmptyDataset(), batch_size=4), budget_s=10, **FAST)
+    with pytest.raises(PipelineError, match="sample index 3"):
+        tune(DataLoader(FailingDataset(bad_index=3), batch_size=4), budget_s=10, **FAST)
