@@ -178,3 +178,114 @@ def _wait_for_children(pid: int, count: int, timeout_s: float) -> list[psutil.Pr
             return kids
         time.sleep(0.1)
     raise AssertionError(f"feedrate did not start {count} workers in {timeout_s} s")
+
+
+def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_path: Path) -> None:
+    out = {name: tmp_path / name for name in ("t.json", "t.png", "t.html", "r.png", "r.html")}
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    args = [
+        "tune",
+        tiny_target,
+        "--budget-s",
+        "20",
+        "--max-workers",
+        "2",
+        "--json",
+        str(out["t.json"]),
+        "--plot",
+        str(out["t.png"]),
+        "--html",
+        str(out["t.html"]),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "feedrate", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "recommended" in proc.stdout and "DataLoader(dataset" in proc.stdout
+    data = json.loads(out["t.json"].read_text())
+    assert data["schema"] == "feedrate.tune/1"
+    assert out["t.png"].read_bytes().startswith(b"\x89PNG")
+    assert '<img src="data:image/png;base64,' in out["t.html"].read_text()
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "feedrate",
+            "tune",
+            *args[1:2],
+            "--budget-s",
+            "20",
+            "--max-workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert again.returncode == 0 and "from the cache" in again.stdout
+    code, stdout, stderr = run_cli(
+        "report", str(out["t.json"]), "--plot", str(out["r.png"]), "--html", str(out["r.html"])
+    )
+    assert code == 0, stderr
+    assert "recommended" in stdout
+    assert out["r.png"].exists() and out["r.html"].exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--rate", "0"], "--rate must be positive"),
+        (["--budget-s", "1"], "too short to measure anything"),
+        (["--memory-limit", "lots"], "is not a size"),
+        (["--rate", "10", "--step-time", "1"], "at most one"),
+    ],
+)
+def test_tune_bad_options_exit_2(tiny_target: str, args: list[str], expected: str) -> None:
+    code, _, stderr = run_cli("tune", tiny_target, *args)
+    assert code == 2, stderr
+    assert expected in stderr and "Traceback" not in stderr
+
+
+def test_report_rejects_non_results(tmp_path: Path) -> None:
+    bogus = tmp_path / "x.json"
+    bogus.write_text('{"schema": "other/1"}')
+    code, _, stderr = run_cli("report", str(bogus))
+    assert code == 2 and "not a feedrate result" in stderr
+
+
+def test_tune_with_step_file(tmp_path: Path) -> None:
+    body = (
+        "from torch.utils.data import DataLoader\nfrom pipelines import TinyDataset\n"
+        "loader = DataLoader(TinyDataset(4096), batch_size=64)\n"
+        "def step(batch):\n    return batch.sum()\n"
+    )
+    target = write_target(tmp_path, body)
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "feedrate",
+            "tune",
+            f"{target}:loader",
+            "--step",
+            f"{target}:step",
+            "--budget-s",
+            "15",
+            "--max-workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "data stall" in proc.stdout
+    code, _, stderr = run_cli("tune", f"{target}:loader", "--step", f"{target}:loader")
+    assert code == 2 and "not a callable taking a batch" in stderr

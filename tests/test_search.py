@@ -202,3 +202,11 @@ def test_bottleneck_classes() -> None:
 def test_every_trial_records_why() -> None:
     _, trials = run(space(cpus=2), latency_bound())
     assert all(t.reason for t in trials)
+
+
+def test_open_file_budget_predicted() -> None:
+    s = space(cpus=2, fd_budget=800)
+    trials = [make_trial(LoaderConfig(2), "x", latency_bound()(LoaderConfig(2)), None)]
+    assert predict_over_budget(s, trials, LoaderConfig(16)) is None
+    reason = predict_over_budget(s, trials, LoaderConfig(128))
+    assert reason is not None and "open files" in reason

@@ -167,7 +167,10 @@ def _trials(result: TuneResult) -> str:
     heads += ["memory", *(["stall"] if stall else []), "outcome"]
     head = "".join(f"<th>{h}</th>" for h in heads)
     rows = "\n".join(_trial_row(t, result, stall) for t in result.trials)
-    note = "CPU: 100% is one core busy. Memory: private memory (USS) of main process + workers."
+    note = (
+        "CPU: 100% is one core busy. Memory: PSS of the main process and workers "
+        "(pages shared after fork counted once)."
+    )
     return (
         f'<h2>Trials</h2>\n<table>\n<tr>{head}</tr>\n{rows}\n</table>\n<p class="meta">{note}</p>'
     )

@@ -266,5 +266,5 @@ def _draw_memory(ax: Axes, label: str, main: list[Trial]) -> None:
         ax.fill_between(x, y, color="C0", alpha=0.12)
     ax.set_ylim(0, max(y) * 1.25)
     _thousands(ax)
-    title = f"private memory (USS) of the main process and workers, {label}"
+    title = f"memory (PSS) of the main process and workers, {label}"
     ax.set_title(title, fontsize=8.5, loc="left", color="0.3")

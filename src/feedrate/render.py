@@ -184,7 +184,7 @@ def trials_table(result: TuneResult) -> Table:
         ("why tried", "left"),
         ("samples/s", "right"),
         ("CPU main / workers", "right"),
-        ("memory (USS)", "right"),
+        ("memory (PSS)", "right"),
         ("start-up s", "right"),
         ("stall", "right"),
         ("verdict", "left"),
@@ -223,7 +223,7 @@ def recommendation(result: TuneResult) -> Table:
         (
             "resources",
             f"{best.main_cpu + best.workers_cpu:.1f} CPUs busy, "
-            f"{size(best.memory_bytes)} private memory",
+            f"{size(best.memory_bytes)} memory (PSS, main process and workers)",
         ),
     ]
     if result.consumer is not None:

@@ -31,6 +31,9 @@ NOISE_FLOOR = 0.03
 STALL_MARGIN = 0.05
 #: /dev/shm needed per batch in flight, over the batch's own bytes (headroom for fragmentation).
 SHM_HEADROOM = 1.5
+#: Open files the main process holds per worker (queues, pipes) and per batch in flight (one per
+#: tensor under the file_descriptor sharing strategy; a batch usually holds a few tensors).
+FDS_PER_WORKER, FDS_PER_BATCH, FDS_BASE = 4, 4, 64
 
 Bottleneck = Literal["no-workers", "main-process", "cpu", "latency", "unknown"]
 Proposal = tuple[LoaderConfig, str]
@@ -46,6 +49,7 @@ class Space:
     max_workers: int
     memory_budget: int | None = None
     shm_budget: int | None = None
+    fd_budget: int | None = None
     consumer: bool = False
     allow_reorder: bool = False
 
@@ -122,6 +126,12 @@ def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) ->
             f"predicted /dev/shm use {shm / 2**20:.0f} MiB over the budget of "
             f"{space.shm_budget / 2**20:.0f} MiB ({w} workers × {pf} batches of "
             f"{batch / 2**20:.1f} MiB in flight)"
+        )
+    fds = FDS_BASE + w * (FDS_PER_WORKER + pf * FDS_PER_BATCH)
+    if space.fd_budget is not None and w and fds > space.fd_budget:
+        return (
+            f"predicted {fds} open files over the budget of {space.fd_budget} "
+            "(80% of the soft limit; raise it with ulimit -n)"
         )
     return None
 

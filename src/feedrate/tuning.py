@@ -24,7 +24,8 @@ from feedrate.results import Trial, TuneResult
 
 #: The fewest seconds a search can do anything useful in: the baseline and two anchors.
 MIN_BUDGET_S = 5.0
-DEFAULT_MAX_WORKERS = 64
+#: Past this many workers, ask for --max-workers: start-up and shutdown get slow.
+DEFAULT_MAX_WORKERS = 128
 #: Share of available memory and of free /dev/shm a search may plan to use.
 MEMORY_SHARE = 0.5
 SHM_SHARE = 0.5
@@ -130,9 +131,17 @@ def _space(
         max_workers=DEFAULT_MAX_WORKERS if max_workers is None else max_workers,
         memory_budget=memory,
         shm_budget=shm,
+        fd_budget=_fd_budget(facts),
         consumer=consumer is not None,
         allow_reorder=allow_reorder and not is_iterable_style(loader),
     )
+
+
+def _fd_budget(facts: MachineFacts) -> int | None:
+    """Only the file_descriptor sharing strategy holds a file per tensor in flight."""
+    if facts.sharing_strategy != "file_descriptor" or facts.open_files_soft is None:
+        return None
+    return int(facts.open_files_soft * 0.8)
 
 
 def _from_cache(cache_key: str, source: Any) -> TuneResult | None:
