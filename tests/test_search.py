@@ -210,3 +210,13 @@ def test_open_file_budget_predicted() -> None:
     assert predict_over_budget(s, trials, LoaderConfig(16)) is None
     reason = predict_over_budget(s, trials, LoaderConfig(128))
     assert reason is not None and "open files" in reason
+
+
+def test_starved_workers_are_cpu_bound_not_latency_bound() -> None:
+    # Each worker got 30% of a core but queued for one 60% of the time: CPU-starved, not waiting.
+    starved = make_trial(LoaderConfig(4), "", Figures(1, 0.05, 0.3), None)
+    starved.workers_runq = 4 * 0.6
+    assert bottleneck(starved, 2) == "cpu"
+    sleeping = make_trial(LoaderConfig(4), "", Figures(1, 0.05, 0.3), None)
+    sleeping.workers_runq = 4 * 0.02
+    assert bottleneck(sleeping, 2) == "latency"

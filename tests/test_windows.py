@@ -527,3 +527,20 @@ def test_without_consumer_every_interval_is_wait() -> None:
     clock, loader = scripted(0.25)
     t = run(loader, WindowPlan(windows=1, batches=4), int, clock=clock)
     assert stall_fraction(t.windows) == 1.0  # nothing but waiting: meaningless, so unreported
+
+
+def test_known_short_epochs_are_timed_whole_after_a_first_warmup_epoch() -> None:
+    # 10 batches an epoch, warm-up 4: windows would keep 6 of every 10 batches; timed whole.
+    _, loader = scripted(0.25, length=10, startup=lambda e: 5.0 if e == 0 else 0.5)
+    t = measure(loader, WindowPlan(windows=2, batches=20, warmup_batches=4), epoch_length=10)
+    assert t.method == "whole-epochs"
+    assert t.startup_s == 5.25
+    assert all(w.batches == 10 for w in t.windows)
+    assert [w.seconds for w in t.windows] == [3.0, 3.0]  # restart 0.5 + 10 x 0.25
+    assert loader.epochs_started == 3
+
+
+def test_long_enough_epochs_stay_in_windows() -> None:
+    _, loader = scripted(0.25, length=12)
+    t = measure(loader, WindowPlan(windows=2, batches=8, warmup_batches=4), epoch_length=12)
+    assert t.method == "windows"

@@ -41,9 +41,11 @@ def bottleneck_finding(best: Trial, cpus: int, consumer: bool) -> Finding:
         "latency": "latency-bound (workers mostly waiting)",
         "unknown": "no single bottleneck stood out",
     }[kind]
+    queued = best.worker_demand_mean - best.worker_cpu_mean
     evidence = (
         f"main process {best.main_cpu:.0%} of a core, workers {best.workers_cpu:.0%} in total "
-        f"({best.worker_cpu_mean:.0%} each) at {best.config.label()} on {cpus} usable CPUs"
+        f"({best.worker_cpu_mean:.0%} each, {queued:.0%} more queued for a CPU) at "
+        f"{best.config.label()} on {cpus} usable CPUs"
     )
     return Finding("bottleneck", "info", f"{label}: {evidence}", _HELPS[kind])
 

@@ -272,8 +272,8 @@ def _notes(
         )
     if t.method == "whole-epochs":
         notes.append(
-            "epochs were too short to get past warm-up, so whole epochs were timed, "
-            "start-up included"
+            "epochs are short against the warm-up (one batch per worker plus the prefetch "
+            "queue), so after a first epoch whole epochs were timed, each restart included"
         )
     if not t.windows:
         notes.append("no steady-state batch was measured")

@@ -36,6 +36,8 @@ class ProcessFigures:
     cpu_s: float = 0.0
     measured_s: float = 0.0
     cpu_util: float = 0.0
+    runq_s: float | None = None
+    runq_util: float | None = None
     uss_bytes: int | None = None
     pss_bytes: int | None = None
     rss_bytes: int | None = None
@@ -116,6 +118,16 @@ def _cpu(proc: psutil.Process) -> float | None:
     except psutil.Error:
         return None
     return float(t.user + t.system)
+
+
+def _runq_wait(pid: int) -> float | None:
+    """Seconds ``pid`` has spent runnable but waiting for a CPU (Linux schedstat), or None.
+    Tells a worker starved of CPU (runnable, waiting) from one waiting on I/O (sleeping)."""
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _system_busy() -> float:
@@ -229,6 +241,9 @@ class ProcessProbe:
             cpu = _cpu(proc)
             if cpu is not None:
                 out[f"w{worker_id}:{proc.pid}"] = cpu
+            wait = _runq_wait(proc.pid)
+            if wait is not None:
+                out[f"q{worker_id}:{proc.pid}"] = wait
         return out
 
     def window_open(self, wall: float) -> None:
@@ -255,6 +270,9 @@ class ProcessProbe:
             key = f"w{worker_id}:{proc.pid}"
             if key in start and key in end:
                 _add(fig, delta(key), span)
+                runq = f"q{worker_id}:{proc.pid}"
+                if runq in start and runq in end:
+                    fig.runq_s = (fig.runq_s or 0.0) + delta(runq)
 
     def report(self) -> ProbeReport:
         """The figures. Memory read by the poller; where a run was too short for it to read
@@ -267,6 +285,8 @@ class ProcessProbe:
         for fig in [rep.main, rep.pin_memory_thread, *rep.workers]:
             if fig is not None and fig.measured_s > 0:
                 fig.cpu_util = fig.cpu_s / fig.measured_s
+                if fig.runq_s is not None:
+                    fig.runq_util = fig.runq_s / fig.measured_s
         if rep.wall_s > 0:
             rep.system_busy_cpus = self._system_busy_s / rep.wall_s
         if self._shm_peak is not None and self._shm_base is not None:

@@ -165,6 +165,11 @@ class Measurement:
 TUNE_SCHEMA = "feedrate.tune/1"
 
 
+def _sum_known(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 @dataclass
 class Trial:
     """One configuration tried while tuning: why, what it measured, and the verdict.
@@ -180,6 +185,7 @@ class Trial:
     epoch_restart_s: list[float] = field(default_factory=list)
     main_cpu: float = 0.0
     workers_cpu: float = 0.0
+    workers_runq: float | None = None
     main_uss_bytes: int | None = None
     workers_uss_bytes: int | None = None
     worker_uss_max_bytes: int | None = None
@@ -213,6 +219,13 @@ class Trial:
         return self.workers_cpu / n if n else 0.0
 
     @property
+    def worker_demand_mean(self) -> float:
+        """CPU each worker used plus time it waited for a CPU: what it would have used on an
+        idle machine (1.0 = it always wanted a core)."""
+        n = self.config.num_workers
+        return (self.workers_cpu + (self.workers_runq or 0.0)) / n if n else 0.0
+
+    @property
     def memory_bytes(self) -> int:
         """Memory of the main process and the workers together: the sum of their PSS (pages
         shared after fork counted once, split between the sharers) where the OS reports it,
@@ -237,6 +250,7 @@ class Trial:
             epoch_restart_s=list(m.epoch_restart_s),
             main_cpu=m.processes.main.cpu_util,
             workers_cpu=sum(w.cpu_util for w in workers),
+            workers_runq=_sum_known([w.runq_util for w in workers]),
             main_uss_bytes=m.processes.main.uss_bytes,
             workers_uss_bytes=sum(uss) if uss else None,
             worker_uss_max_bytes=max(uss) if uss else None,

@@ -76,10 +76,10 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
     if t.main_cpu >= 0.85:
         return "main-process"
     own = t.main_cpu + t.workers_cpu
-    if own >= 0.85 * cpus or t.worker_cpu_mean >= 0.8:
-        return "cpu"
-    if t.worker_cpu_mean < 0.5:
-        return "latency"  # workers mostly off the CPU: waiting, not computing
+    if own >= 0.85 * cpus or t.worker_demand_mean >= 0.8:
+        return "cpu"  # the workers use, or queue for, a core all the time
+    if t.worker_demand_mean < 0.5:
+        return "latency"  # workers mostly asleep: waiting on I/O, not on a CPU
     if (t.system_busy_cpus or 0.0) >= 0.85 * cpus:
         return "cpu"  # computing workers on CPUs that others fill: more workers only compete
     return "unknown"
@@ -175,7 +175,8 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     kind = bottleneck(top, space.cpus)
     if kind == "latency":
         why = (
-            f"workers at {w} mostly wait ({top.worker_cpu_mean:.0%} CPU each): "
+            f"workers at {w} mostly wait ({top.worker_cpu_mean:.0%} CPU each, "
+            f"{top.worker_demand_mean - top.worker_cpu_mean:.0%} queued for one): "
             "more workers overlap the waits"
         )
         return _with(space.baseline, min(2 * w, space.max_workers)), why

@@ -10,9 +10,10 @@ How a run goes:
   (``num_workers × prefetch_factor``), so prefetched work is not credited to the window;
 * the remaining batches are counted in ``windows`` consecutive windows, each closed after its share
   of the batch or time budget; the spread across windows is the noise estimate;
-* an epoch that ends early closes the open window as partial and a new epoch begins; when no epoch
-  is long enough to get past warm-up, whole epochs (start-up included) are timed instead, and the
-  result says so.
+* an epoch that ends early closes the open window as partial and a new epoch begins; when epochs
+  are too short for windows (no batch past warm-up, or, when the epoch length is known, fewer than
+  ``WHOLE_EPOCH_FACTOR`` warm-ups), the first epoch is warm-up and later epochs are timed whole,
+  each epoch's restart included, and the result says so.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ Clock = Callable[[], float]
 #: Steady-state seconds measured when neither a batch count nor a duration is given.
 DEFAULT_SECONDS = 10.0
 Method = Literal["windows", "whole-epochs"]
+
+#: Epochs shorter than this many warm-ups are timed whole (after a first one as warm-up): in
+#: windows, most of every epoch would be discarded and the rest would be a few batches.
+WHOLE_EPOCH_FACTOR = 3
 
 #: A window closed by time still waits for this many batches, so one slow batch is not a rate.
 MIN_BATCHES_PER_WINDOW = 2
@@ -167,8 +172,14 @@ class _Runner:
             return sum(w.batches for w in wins) >= self.plan.batches
         return sum(w.seconds for w in wins) >= (self.plan.seconds or 0.0)
 
+    def short_epochs(self) -> bool:
+        """Epochs known to be too short for windows: most of each would be warm-up."""
+        n = self.epoch_length
+        return n is not None and n < WHOLE_EPOCH_FACTOR * self.plan.warmup_batches
+
     def epoch_too_short(self) -> bool:
-        return self._epoch_batches <= self.plan.warmup_batches and not self.timeline.windows
+        too_short = self._epoch_batches <= self.plan.warmup_batches or self.short_epochs()
+        return too_short and not self.timeline.windows
 
     def epoch(self, make_iter: Callable[[], Iterable[Any]]) -> None:
         whole = self.timeline.method == "whole-epochs"
@@ -192,7 +203,7 @@ class _Runner:
                 self.consume(batch, samples)
             if whole:
                 self._add(samples, waited, now, close_when_full=False)
-            elif self._epoch_batches <= self.plan.warmup_batches:
+            elif self._epoch_batches <= self.plan.warmup_batches or self.short_epochs():
                 self._warmup(now, t_call)
             elif self._add(samples, waited, now, close_when_full=True) and self.done():
                 return
@@ -213,7 +224,7 @@ class _Runner:
 
     def _warmup(self, now: float, t_call: float) -> None:
         self.timeline.warmup_batches += 1
-        if self._epoch_batches == self.plan.warmup_batches:
+        if self._epoch_batches == self.plan.warmup_batches and not self.short_epochs():
             if self.timeline.epochs == 0:
                 self.timeline.warmup_s = now - t_call - self.timeline.startup_s
             self._open(now)
