@@ -1,4 +1,4 @@
-# `make demo`: set up and measure the bundled image pipeline. `make test`: set up, lint, type-check, test.
+# `make demo`: set up and tune the bundled image pipeline. `make test`: set up, lint, type-check, test.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml requirements/dev.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/feedrate measure examples/images.py:loader -w 2
+	mkdir -p demo
+	$(BIN)/feedrate tune examples/images.py:loader --plot demo/images.png --html demo/images.html --json demo/images.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks

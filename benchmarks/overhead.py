@@ -17,6 +17,7 @@ the instrumentation's own time inside the measured span (see ``overhead_costs``)
     python benchmarks/overhead.py              # full run, about 8 minutes on 2 cores
     python benchmarks/overhead.py --quick      # about 2 minutes
     python benchmarks/overhead.py --attribute  # adds ablation arms (parts of measure() off)
+    python benchmarks/overhead.py --render benchmarks/results/overhead.json  # no measuring
 
 Run from the repository root. Results: ``benchmarks/results/overhead{,-attribution}.{json,md}``.
 """
@@ -27,12 +28,14 @@ import argparse
 import contextlib
 import datetime
 import itertools
+import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 from unittest import mock
@@ -103,13 +106,19 @@ ABLATIONS = (
 
 @dataclass(frozen=True)
 class Schedule:
-    """Per epoch, the steady-state batches ``measure`` counts after ``warmup`` discarded ones; and
-    per probe read (window open or close, in call order) whether it falls inside the timed span
-    (a read after an epoch's last counted batch does not)."""
+    """What ``measure`` does with each epoch: ``skip`` batches discarded, then ``counted`` batches
+    timed (from the last discarded batch, or from the ``iter()`` call when whole epochs are timed,
+    start-up included). ``reads``: per probe call (attach, window open or close, in call order)
+    whether it falls inside the timed span."""
 
-    warmup: int
-    steady: tuple[int, ...]
+    method: str
+    skip: tuple[int, ...]
+    counted: tuple[int, ...]
     reads: tuple[tuple[str, bool], ...]
+
+    @property
+    def batches(self) -> int:
+        return sum(self.counted)
 
     def timed(self, kind: str) -> int:
         return sum(1 for k, inside in self.reads if k == kind and inside)
@@ -120,16 +129,15 @@ def plan_schedule(config: LoaderConfig, batches: int, epoch_length: int) -> Sche
     batch budget the schedule depends on counts only, never on speed."""
     plan = windows.WindowPlan(WINDOWS, batches, None, warmup_batches(config))
     taken: list[int] = []
-    hooks_at: list[tuple[str, int, int]] = []
+    calls: list[tuple[str, int, int]] = []
+
+    def call(kind: str) -> None:
+        calls.append((kind, len(taken) - 1, taken[-1]))
 
     def make_iter() -> Iterator[int]:
         taken.append(0)
-        for i in range(epoch_length):
-            taken[-1] += 1
-            yield i
-
-    def hook(kind: str) -> Callable[[], None]:
-        return lambda: hooks_at.append((kind, len(taken) - 1, taken[-1]))
+        call("attach")  # measure's make_iter attaches the probe before any batch
+        return _counting(epoch_length, taken)
 
     ticks = itertools.count()
     timeline = windows.run(
@@ -137,14 +145,22 @@ def plan_schedule(config: LoaderConfig, batches: int, epoch_length: int) -> Sche
         plan,
         lambda _batch: 1,
         clock=lambda: float(next(ticks)),
-        hooks=windows.Hooks(window_open=hook("open"), window_close=hook("close")),
+        hooks=windows.Hooks(window_open=lambda: call("open"), window_close=lambda: call("close")),
         epoch_length=epoch_length,
     )
-    if timeline.method != "windows":
-        raise SystemExit(f"epochs of {epoch_length} batches are too short to get past warm-up")
-    steady = tuple(n - plan.warmup_batches for n in taken)
-    reads = tuple((kind, at < taken[epoch]) for kind, epoch, at in hooks_at)
-    return Schedule(plan.warmup_batches, steady, reads)
+    if timeline.method == "whole-epochs":  # the first epoch is warm-up, later ones timed whole
+        skip = (taken[0], *[0] * (len(taken) - 1))
+    else:
+        skip = tuple(min(n, plan.warmup_batches) for n in taken)
+    counted = tuple(n - k for n, k in zip(taken, skip, strict=True))
+    reads = tuple((kind, counted[e] > 0 and skip[e] <= at < taken[e]) for kind, e, at in calls)
+    return Schedule(timeline.method, skip, counted, reads)
+
+
+def _counting(n: int, taken: list[int]) -> Iterator[int]:
+    for i in range(n):
+        taken[-1] += 1
+        yield i
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -178,19 +194,20 @@ def bare_run(user_loader: DataLoader[Any], config: LoaderConfig, sched: Schedule
     default = user_loader.batch_size or 1
     loader = rebuild(user_loader, config)
     seconds, samples = 0.0, 0
-    for steady in sched.steady:
-        s, n = _bare_epoch(loader, sched.warmup, steady, default)
+    for skip, counted in zip(sched.skip, sched.counted, strict=True):
+        s, n = _bare_epoch(loader, skip, counted, default)
         seconds, samples = seconds + s, samples + n
-    return Run("", BARE.name, 0, samples, sum(sched.steady), seconds)
+    return Run("", BARE.name, 0, samples, sched.batches, seconds)
 
 
 def _bare_epoch(
-    loader: DataLoader[Any], warmup: int, steady: int, default: int
+    loader: DataLoader[Any], skip: int, counted: int, default: int
 ) -> tuple[float, int]:
+    t_call = time.perf_counter()  # a whole epoch (skip == 0) is timed from here
     with quiet_worker_count_warning():
         it = iter(loader)
     try:
-        result = costs.bare_loop(it, warmup, warmup + steady, default)
+        result = costs.bare_loop(it, skip, counted, default, start=t_call)
     except BaseException:
         stop_workers(it)
         raise
@@ -228,10 +245,10 @@ def feedrate_run(user_loader: DataLoader[Any], bench: Bench, p: Pipeline, arm: A
         )
     w, extra = m.window, {}
     if log is not None:
-        reads = costs.timed_reads(log, [inside for _, inside in bench.schedules[p.name].reads])
+        reads = costs.timed_reads(log, bench.schedules[p.name].reads)
         extra = {
             "probe_reads_s": reads["reads_s"],
-            "memory_reads_s": reads["memory_s"],
+            "memory_reads_s": costs.TimedProbe.memory_s,
             "close_median_s": reads["close_median_s"],
             "probe_thread_s": m.processes.probe_cpu_s,
         }
@@ -267,8 +284,8 @@ class Bench:
             run = bare_run(loader, p.config, sched)
         else:
             run = feedrate_run(loader, self, p, arm)
-        if run.batches != sum(sched.steady):
-            msg = f"{p.name}/{arm.name} counted {run.batches} batches, the schedule {sched.steady}"
+        if run.batches != sched.batches:
+            msg = f"{p.name}/{arm.name} counted {run.batches} batches, the schedule {sched}"
             raise SystemExit(msg)
         run = Run(**{**run.__dict__, "pipeline": p.name, "round": round_})
         self.runs.append(run)
@@ -338,6 +355,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--attribute", action="store_true", help="add ablation arms")
     ap.add_argument("--rounds", type=int, help="rounds (default: 16, quick 6, attribute 8)")
     ap.add_argument("--only", nargs="+", choices=[p.name for p in PIPELINES], help="pipelines")
+    ap.add_argument("--render", metavar="JSON", help="summarize and render a saved run again")
     return ap.parse_args(argv)
 
 
@@ -350,6 +368,10 @@ def make_bench(args: argparse.Namespace) -> Bench:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.render:
+        record = json.loads(Path(args.render).read_text())
+        show(report.summarize(record), Path(args.render).stem)
+        return 0
     signal.signal(signal.SIGTERM, _on_sigterm)
     started, load_before = time.perf_counter(), os.getloadavg()
     bench = make_bench(args)
@@ -364,13 +386,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(f"[red]ended {len(left)} leftover worker processes: {left}")
     meta = _meta(argv, time.perf_counter() - started)
     meta["loadavg_1m"] = {"start": load_before[0], "end": os.getloadavg()[0]}
-    data = report.build(bench, micro, meta)
-    stem = "overhead-attribution" if args.attribute else "overhead"
-    report.write(data, stem)
-    console.print(report.table(data))
-    console.print(report.accounting_table(data))
-    console.print(f"wall time {data['wall_s']:.0f} s; results in {report.RESULTS}/{stem}.*")
+    record = report.summarize(report.build(bench, micro, meta))
+    show(record, "overhead-attribution" if args.attribute else "overhead")
     return 0
+
+
+def show(record: dict[str, Any], stem: str) -> None:
+    """Write ``benchmarks/results/<stem>.{json,md}`` and print the tables."""
+    report.write(record, stem)
+    console.print(report.table(record))
+    console.print(report.accounting_table(record))
+    console.print(f"wall time {record['wall_s']:.0f} s; results in {report.RESULTS}/{stem}.*")
 
 
 def _meta(argv: Sequence[str] | None, wall_s: float) -> dict[str, Any]:

@@ -4,13 +4,14 @@ On a noisy shared host, two runs seconds apart differ by more than the effect lo
 ratios of whole runs resolve a few percent only with many rounds. The costs here are timed in the
 same run as the span they burden, so a slow host slows both alike and the share stays put:
 
-* probe reads at window boundaries that fall inside the timed span (``TimedProbe``, in every
-  feedrate run; the memory reads, ``memory_full_info``, timed apart);
+* the probe's calls on the measuring thread (attach, window open and close) that fall inside the
+  timed span (``TimedProbe``, in every feedrate run);
+* the probe's poller thread (/dev/shm polling and, every 0.25 s, ``memory_full_info`` of every
+  process): its CPU time as the probe reports it, and the time its memory reads take;
 * per-batch bookkeeping: ``measure`` against the bare loop over a loader whose batches cost
   almost nothing, the probe left out (``per_batch_cost``);
 * the index-reporting wrapper: DataLoader's own fetcher over the wrapped and the plain dataset
-  (``wrapper_cost``);
-* the /dev/shm polling thread: its CPU time as the probe reports it.
+  (``wrapper_cost``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 from unittest import mock
 
-import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
@@ -40,11 +40,15 @@ _memory = PROBE._memory
 
 
 class TimedProbe(ProcessProbe):
-    """``ProcessProbe`` that logs ``(hook, seconds, of which memory reads)`` per boundary read,
-    in call order. Two clock reads per boundary are all it adds."""
+    """``ProcessProbe`` that logs ``(call, seconds)`` for every call the measuring thread makes
+    (attach, window open, window close), in call order, and sums the seconds its poller thread
+    spends reading memory during windows. A few clock reads per call are all it adds."""
 
-    log: list[tuple[str, float, float]] = []  # noqa: RUF012 (measure() builds its own probe)
-    _memory_s = 0.0
+    log: list[tuple[str, float]] = []  # noqa: RUF012 (measure() builds its own probe)
+    memory_s = 0.0
+
+    def attach(self, iterator: object) -> None:
+        self._timed("attach", super().attach, iterator)
 
     def window_open(self, wall: float) -> None:
         self._timed("open", super().window_open, wall)
@@ -52,56 +56,61 @@ class TimedProbe(ProcessProbe):
     def window_close(self, wall: float) -> None:
         self._timed("close", super().window_close, wall)
 
-    def _timed(self, kind: str, read: Callable[[float], None], wall: float) -> None:
-        TimedProbe._memory_s = 0.0
+    def _read_memory(self) -> None:
+        in_window = self._in_window
         t0 = time.perf_counter()
-        read(wall)
-        TimedProbe.log.append((kind, time.perf_counter() - t0, TimedProbe._memory_s))
+        super()._read_memory()
+        if in_window:
+            TimedProbe.memory_s += time.perf_counter() - t0
 
-
-def _timed_memory(proc: psutil.Process, fig: Any) -> None:
-    t0 = time.perf_counter()
-    _memory(proc, fig)
-    TimedProbe._memory_s += time.perf_counter() - t0
+    def _timed(self, kind: str, call: Callable[[Any], None], arg: Any) -> None:
+        t0 = time.perf_counter()
+        call(arg)
+        TimedProbe.log.append((kind, time.perf_counter() - t0))
 
 
 @contextlib.contextmanager
-def timed_probe() -> Iterator[list[tuple[str, float, float]]]:
+def timed_probe() -> Iterator[list[tuple[str, float]]]:
     """Within the block, ``measure()`` uses ``TimedProbe``; yields its log."""
-    TimedProbe.log = []
-    with (
-        mock.patch.object(MEASURE, "ProcessProbe", TimedProbe),
-        mock.patch.object(PROBE, "_memory", _timed_memory),
-    ):
+    TimedProbe.log, TimedProbe.memory_s = [], 0.0
+    with mock.patch.object(MEASURE, "ProcessProbe", TimedProbe):
         yield TimedProbe.log
 
 
-def timed_reads(log: Sequence[tuple[str, float, float]], timed: Sequence[bool]) -> dict[str, float]:
-    """Seconds of probe reads inside the timed span, given which hook calls fall in it (from the
-    replayed schedule, in the same order)."""
-    if len(log) != len(timed):
-        raise RuntimeError(f"{len(log)} probe reads but the schedule has {len(timed)}")
-    inside = [entry for entry, t in zip(log, timed, strict=True) if t]
-    closes = [s for kind, s, _ in inside if kind == "close"]
+def timed_reads(
+    log: Sequence[tuple[str, float]], reads: Sequence[tuple[str, bool]]
+) -> dict[str, float]:
+    """Seconds the measuring thread spent in probe calls inside the timed span, given which calls
+    fall in it (from the replayed schedule, in the same order)."""
+    if [kind for kind, _ in log] != [kind for kind, _ in reads]:
+        raise RuntimeError(f"probe calls {[k for k, _ in log]} differ from the schedule {reads}")
+    inside = [(kind, s) for (kind, s), (_, t) in zip(log, reads, strict=True) if t]
+    closes = sorted(s for kind, s in inside if kind == "close")
     return {
-        "reads_s": sum(s for _, s, _ in inside),
-        "memory_s": sum(m for _, _, m in inside),
-        "close_median_s": sorted(closes)[len(closes) // 2] if closes else 0.0,
+        "reads_s": sum(s for _, s in inside),
+        "close_median_s": closes[len(closes) // 2] if closes else 0.0,
     }
 
 
 # --- per-batch bookkeeping ----------------------------------------------------------------------
 
 
-def bare_loop(batches: Iterable[Any], warmup: int, last: int, default: int) -> tuple[float, int]:
-    """The bare loop: discard ``warmup`` batches, count the samples of the next ones up to batch
-    ``last``; returns (seconds from the last warm-up batch to batch ``last``, samples)."""
-    samples, start, end = 0, 0.0, 0.0
+def bare_loop(
+    batches: Iterable[Any], skip: int, count: int, default: int, *, start: float = 0.0
+) -> tuple[float, int]:
+    """The bare loop: discard ``skip`` batches, count the samples of the next ``count``; returns
+    (seconds from the last discarded batch, or from ``start`` when ``skip`` is 0, to the last
+    counted one; samples). With ``count`` 0 it runs through the epoch untimed."""
+    if count == 0:
+        for _ in batches:
+            pass
+        return 0.0, 0
+    last, samples, end = skip + count, 0, 0.0
     for i, batch in enumerate(batches, 1):
         now = time.perf_counter()
-        if i == warmup:
+        if i == skip:
             start = now
-        elif i > warmup:
+        elif i > skip:
             samples += count_samples(batch, default)
             if i == last:
                 end = now
@@ -162,7 +171,7 @@ def per_batch_cost(batch: Any, n: int = 20_000, repeats: int = 7) -> dict[str, f
     loader = DataLoader(_SameBatch(batch, n), batch_size=1, collate_fn=_first)
     bare, fr = [], []
     for _ in range(repeats):
-        seconds, _samples = bare_loop(iter(loader), 1, n, 1)
+        seconds, _samples = bare_loop(iter(loader), 1, n - 1, 1)
         bare.append(seconds / (n - 1))
         with without_probe():
             m = MEASURE.measure(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -23,43 +24,25 @@ BARE, FEEDRATE = "bare", "feedrate"
 
 
 def build(bench: Bench, micro: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
-    """The whole record: settings, machine, per-pipeline figures, geometric means, every run."""
-    runs = [r.to_dict() for r in bench.runs]
-    pipelines = {p.name: _pipeline(bench, p, runs, micro) for p in bench.pipelines}
-    geomean = {a: _geomean(pipelines, a) for a in _measured_arms([a.name for a in bench.arms])}
+    """The raw record: settings, machine, pipelines and their schedules, micro-costs, every run.
+    ``summarize`` adds the figures."""
     return {
         "schema": SCHEMA,
         **meta,
         "target_overhead": TARGET_OVERHEAD,
-        "target_met": geomean[FEEDRATE]["overhead"] <= TARGET_OVERHEAD,
         "rounds": bench.rounds,
         "quick": bench.quick,
         "order": "ABBA: even rounds run the arms in listed order, odd rounds reversed",
         "arms": [a.__dict__ for a in bench.arms],
         "machine": bench.facts.to_dict(),
-        "pipelines": pipelines,
-        "geomean": geomean,
+        "pipelines": {p.name: _pipeline(bench, p) for p in bench.pipelines},
         "micro_costs": micro,
-        "runs": runs,
+        "runs": [r.to_dict() for r in bench.runs],
     }
 
 
-def _measured_arms(names: list[str]) -> list[str]:
-    return [n for n in names if n != BARE]
-
-
-def _geomean(pipelines: dict[str, Any], arm: str) -> dict[str, float]:
-    ratios = [p["arms"][arm]["ratio_median"] for p in pipelines.values()]
-    g = math.exp(statistics.fmean(math.log(x) for x in ratios))
-    acc = [p["accounting"]["total"] for p in pipelines.values()]
-    acc_g = 1 - math.exp(statistics.fmean(math.log(1 - x) for x in acc))
-    return {"ratio": g, "overhead": 1 - g, "accounted_overhead": acc_g}
-
-
-def _pipeline(bench: Bench, p: Pipeline, runs: list[dict[str, Any]], micro: dict[str, Any]) -> Any:
-    mine = [r for r in runs if r["pipeline"] == p.name]
+def _pipeline(bench: Bench, p: Pipeline) -> dict[str, Any]:
     sched = bench.schedules[p.name]
-    arms = {a.name: _arm(mine, a.name, bench.rounds) for a in bench.arms}
     return {
         "target": p.target,
         "config": p.config.to_dict(),
@@ -69,9 +52,64 @@ def _pipeline(bench: Bench, p: Pipeline, runs: list[dict[str, Any]], micro: dict
         "steady_batches_per_epoch": list(sched.steady),
         "probe_opens_timed": sched.timed("open"),
         "probe_closes_timed": sched.timed("close"),
-        "arms": arms,
-        "accounting": _accounting(mine, micro),
     }
+
+
+def summarize(record: dict[str, Any]) -> dict[str, Any]:
+    """Add per pipeline ``arms`` (median rates, per-round ratios) and ``accounting``, and the
+    geometric means with a bootstrap interval over rounds, to ``record`` (in place; rerunnable
+    on a saved record)."""
+    arm_names = [a["name"] for a in record["arms"]]
+    for name, p in record["pipelines"].items():
+        mine = [r for r in record["runs"] if r["pipeline"] == name]
+        p["arms"] = {a: _arm(mine, a, record["rounds"]) for a in arm_names}
+        p["accounting"] = _accounting(mine, record["micro_costs"])
+    pipes = record["pipelines"]
+    record["geomean"] = {a: _geomean(pipes, a) for a in _measured_arms(arm_names)}
+    record["target_met"] = _verdict(record["geomean"][FEEDRATE]["ratio_ci90"])
+    return record
+
+
+def _verdict(ratio_ci: list[float]) -> bool | None:
+    """True when the whole 90 % interval of the overhead is within the target, False when all of
+    it is beyond, None when the run cannot tell."""
+    low, high = 1 - ratio_ci[1], 1 - ratio_ci[0]
+    if high <= TARGET_OVERHEAD:
+        return True
+    return False if low > TARGET_OVERHEAD else None
+
+
+def _overhead_cell(ratio: float, ci: list[float]) -> str:
+    """Overhead (1 - ratio) and its 90 % interval, e.g. ``+1.4% [-3.0%, +6.2%]``."""
+    return f"{1 - ratio:+.1%} [{1 - ci[1]:+.1%}, {1 - ci[0]:+.1%}]"
+
+
+def _measured_arms(names: list[str]) -> list[str]:
+    return [n for n in names if n != BARE]
+
+
+def _gm(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in values))
+
+
+def _geomean(pipelines: dict[str, Any], arm: str) -> dict[str, Any]:
+    g = _gm([p["arms"][arm]["ratio_median"] for p in pipelines.values()])
+    acc = 1 - _gm([1 - p["accounting"]["total"] for p in pipelines.values()])
+    ci = _bootstrap([p["arms"][arm]["ratios"] for p in pipelines.values()])
+    return {"ratio": g, "overhead": 1 - g, "ratio_ci90": ci, "accounted_overhead": acc}
+
+
+def _bootstrap(ratios: list[list[float]], draws: int = 2000) -> list[float]:
+    """5th and 95th percentile of the geometric mean of per-pipeline median ratios, over rounds
+    drawn with replacement (the same rounds for every pipeline, as they ran side by side)."""
+    rng = random.Random(0)
+    rounds = len(ratios[0])
+    stats = []
+    for _ in range(draws):
+        pick = [rng.randrange(rounds) for _ in range(rounds)]
+        stats.append(_gm([statistics.median(r[i] for i in pick) for r in ratios]))
+    stats.sort()
+    return [stats[int(0.05 * draws)], stats[int(0.95 * draws) - 1]]
 
 
 def _arm(runs: list[dict[str, Any]], arm: str, rounds: int) -> dict[str, Any]:
@@ -87,6 +125,7 @@ def _arm(runs: list[dict[str, Any]], arm: str, rounds: int) -> dict[str, Any]:
         "ratio_median": med,
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
+        "ratio_ci90": _bootstrap([ratios]),
         "overhead": 1 - med,
     }
 
@@ -134,20 +173,21 @@ def _arm_cell(entry: dict[str, Any]) -> str:
 
 def _rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     arms = _measured_arms([a["name"] for a in data["arms"]])
-    head = ["pipeline", "config", "batches/run", "bare", *arms, "overhead", "accounted"]
+    head = ["pipeline", "config", "batches/run", "bare", *arms, "overhead [90% CI]", "accounted"]
     rows = []
     for name, p in data["pipelines"].items():
         bare = f"{p['arms'][BARE]['median_samples_per_s']:,.0f}"
         cells = [_arm_cell(p["arms"][a]) for a in arms]
-        over = f"{p['arms'][FEEDRATE]['overhead']:+.1%}"
+        fr = p["arms"][FEEDRATE]
+        over = _overhead_cell(fr["ratio_median"], fr["ratio_ci90"])
         acc = f"{p['accounting']['total']:.1%}"
         rows.append([name, p["config_label"], str(p["batches_per_run"]), bare, *cells, over, acc])
     geo = data["geomean"]
     cells = [f"ratio {geo[a]['ratio']:.3f}" for a in arms]
     g = geo[FEEDRATE]
-    rows.append(
-        ["geomean", "", "", "", *cells, f"{g['overhead']:+.1%}", f"{g['accounted_overhead']:.1%}"]
-    )
+    acc = f"{g['accounted_overhead']:.1%}"
+    over = _overhead_cell(g["ratio"], g["ratio_ci90"])
+    rows.append(["geomean", "", "", "", *cells, over, acc])
     return head, rows
 
 
@@ -197,20 +237,24 @@ def _md(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def markdown(data: dict[str, Any]) -> str:
-    verdict = "met" if data["target_met"] else "**not met**"
     g = data["geomean"][FEEDRATE]
+    verdict = {True: "met", False: "**not met**", None: "**not resolved** by this run"}[
+        data["target_met"]
+    ]
     return "\n".join(
         [
             f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
             f"{data['rounds']} rounds (ABBA), {data['wall_s']:.0f} s",
             "",
             "Cells: median samples/s (median ratio to bare, min–max over rounds). overhead = "
-            "1 − median ratio; accounted = instrumentation time inside the measured span.",
+            "1 − median ratio, with a 90 % bootstrap interval over rounds; accounted = "
+            "instrumentation time inside the measured span (an upper bound, see below).",
             "",
             *_md(*_rows(data)),
             "",
-            f"Target overhead ≤ {TARGET_OVERHEAD:.0%} (geometric mean): {verdict} by the direct "
-            f"ratio ({g['overhead']:+.1%}); accounted {g['accounted_overhead']:.1%}.",
+            f"Target overhead ≤ {TARGET_OVERHEAD:.0%} (geometric mean): {verdict} "
+            f"(direct {_overhead_cell(g['ratio'], g['ratio_ci90'])}; accounted "
+            f"{g['accounted_overhead']:.1%}).",
             "",
             *_md(*_accounting_rows(data)),
             "",
