@@ -167,7 +167,7 @@ def _trial_row(t: Trial, best: Trial, baseline: Trial) -> tuple[str, ...]:
     return (
         label,
         t.reason,
-        f"{rate(t.median)} ± {t.noise:.0%}",
+        f"{rate(t.median)} ± {t.noise:.0%}" + (f" ({t.repeats} runs)" if t.repeats > 1 else ""),
         f"{t.main_cpu:.0%} / {t.workers_cpu:.0%}",
         size(t.memory_bytes) if t.memory_bytes else "-",
         f"{t.startup_s:.2f}",

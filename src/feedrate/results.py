@@ -10,6 +10,7 @@ Schema ``feedrate.measure/1`` (documented in docs/json-schema.md): ``schema``, `
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,19 @@ class Spread:
     def rel(self) -> float:
         """(max - min) / median, the relative width of the spread."""
         return (self.max - self.min) / self.median if self.median > 0 else 0.0
+
+    def merged(self, other: Spread) -> Spread:
+        """The spread of both measurements' windows together."""
+        rates = [*self.windows, *other.windows]
+        if not rates:
+            return self
+        return Spread(
+            rates,
+            statistics.median(rates),
+            min(rates),
+            max(rates),
+            statistics.stdev(rates) if len(rates) > 1 else 0.0,
+        )
 
     @classmethod
     def of(cls, rate: Rate) -> Spread:
@@ -198,6 +212,15 @@ class Trial:
     verdict: str = ""
     skipped: str | None = None
     error: str | None = None
+    repeats: int = 1
+
+    def pool(self, again: Trial) -> None:
+        """Fold a repeat measurement of the same config into this trial (windows pooled)."""
+        if self.spread is None or again.spread is None:
+            return
+        self.spread = self.spread.merged(again.spread)
+        self.samples_per_s = (self.samples_per_s + again.samples_per_s) / 2
+        self.repeats += 1
 
     @property
     def measured(self) -> bool:
