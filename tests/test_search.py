@@ -220,3 +220,10 @@ def test_starved_workers_are_cpu_bound_not_latency_bound() -> None:
     sleeping = make_trial(LoaderConfig(4), "", Figures(1, 0.05, 0.3), None)
     sleeping.workers_runq = 4 * 0.02
     assert bottleneck(sleeping, 2) == "latency"
+
+
+def test_latency_bound_search_quadruples_while_scaling_is_linear() -> None:
+    _, trials = run(space(cpus=2), latency_bound())
+    counts = [t.config.num_workers for t in trials if t.config.prefetch_factor in (None, 2)]
+    assert counts[:4] == [0, 2, 8, 32]  # baseline, one per CPU, then x4 while linear
+    assert 4 not in counts and 16 not in counts

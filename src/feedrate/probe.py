@@ -153,6 +153,10 @@ def _memory(proc: psutil.Process, fig: ProcessFigures) -> None:
     fig.rss_bytes = max(fig.rss_bytes or 0, int(info.rss))
 
 
+#: The memory poller waits this many times as long as its last pass took before the next one.
+MEMORY_DUTY = 50
+
+
 class ProcessProbe:
     """Attach to a DataLoader iterator, then call ``window_open``/``window_close`` around each
     measured window; ``report()`` gives the figures. Use as a context manager."""
@@ -199,8 +203,10 @@ class ProcessProbe:
                 self._shm_peak = used
             now = time.monotonic()
             if self._in_window and now >= self._memory_due:
-                self._memory_due = now + self._memory_interval
                 self._read_memory()
+                took = time.monotonic() - now
+                # Reading smaps costs real CPU (kernel time, per process): keep it to ~2% duty.
+                self._memory_due = now + max(self._memory_interval, MEMORY_DUTY * took)
 
     def _read_memory(self) -> None:
         with self._lock:

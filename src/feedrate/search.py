@@ -174,18 +174,31 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
         return None
     kind = bottleneck(top, space.cpus)
     if kind == "latency":
+        step = _step_up(space, top, max(lower, key=lambda t: t.config.num_workers, default=None))
         why = (
             f"workers at {w} mostly wait ({top.worker_cpu_mean:.0%} CPU each, "
             f"{top.worker_demand_mean - top.worker_cpu_mean:.0%} queued for one): "
-            "more workers overlap the waits"
+            f"{'four times' if step == 4 else 'twice'} the workers overlap more waits"
         )
-        return _with(space.baseline, min(2 * w, space.max_workers)), why
+        return _with(space.baseline, min(step * w, space.max_workers)), why
     if kind == "cpu" and w == space.cpus:
         return _with(space.baseline, w + 1), "one more worker than CPUs, to fill I/O gaps"
     if kind == "unknown":
         why = f"workers at {w} neither saturate the CPUs nor mostly wait: try more"
         return _with(space.baseline, min(2 * w, space.max_workers)), why
     return None
+
+
+def _step_up(space: Space, top: Trial, prev: Trial | None) -> int:
+    """Quadruple the workers while the last step scaled nearly linearly and the CPU time
+    projected at four times the workers still fits the machine; else double."""
+    projected = 4 * (top.main_cpu + top.workers_cpu)
+    if prev is None:
+        linear = projected <= 0.5 * space.cpus
+    else:
+        gained = top.median / prev.median if prev.median > 0 else 0.0
+        linear = gained >= 0.8 * top.config.num_workers / prev.config.num_workers
+    return 4 if linear and projected <= 0.85 * space.cpus else 2
 
 
 def _one_worker(space: Space, trials: list[Trial]) -> Proposal | None:
@@ -210,20 +223,31 @@ def _cpu_neighbour(space: Space, trials: list[Trial]) -> Proposal | None:
 
 
 def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Bisect between the best count and a tried neighbour that is more than 25% away."""
+    """Bisect between the best count and a tried neighbour more than 25% away: the next higher
+    one, and the next lower one unless the best scaled linearly from it (then the peak is not
+    below)."""
     main = series(space, trials)
     best = fastest(main)
     if best is None or best.config.num_workers == 0:
         return None
     b = best.config.num_workers
-    counts = sorted({t.config.num_workers for t in main})
-    higher = [c for c in counts if c > b]
-    lower = [c for c in counts if 0 < c < b]
+    by_count = {t.config.num_workers: t for t in main}
+    higher = [c for c in sorted(by_count) if c > b]
+    lower = [c for c in sorted(by_count) if 0 < c < b and _peak_may_be_below(best, by_count[c])]
     for other in ([higher[0]] if higher else []) + ([lower[-1]] if lower else []):
         if abs(other - b) > max(1, b // 4):
             mid = (b + other) // 2
             return _with(space.baseline, mid), f"between the best so far ({b}) and {other}"
     return None
+
+
+def _peak_may_be_below(best: Trial, lower: Trial) -> bool:
+    """The lower count was within the noise of the best, or the step up from it scaled less
+    than linearly (the curve was already bending, so its top may lie between them)."""
+    if not beats(best, lower) or lower.median <= 0:
+        return True
+    gained = best.median / lower.median
+    return gained < 0.8 * best.config.num_workers / lower.config.num_workers
 
 
 def _prefetch(space: Space, trials: list[Trial]) -> Proposal | None:
