@@ -227,3 +227,10 @@ def test_latency_bound_search_quadruples_while_scaling_is_linear() -> None:
     counts = [t.config.num_workers for t in trials if t.config.prefetch_factor in (None, 2)]
     assert counts[:4] == [0, 2, 8, 32]  # baseline, one per CPU, then x4 while linear
     assert 4 not in counts and 16 not in counts
+
+
+def test_consumer_mode_stops_doubling_when_the_stall_stops_falling() -> None:
+    # The loader tops out at 500 samples/s; the consumer wants 1000: no count can feed it.
+    best, trials = run(space(cpus=2, consumer=True), latency_bound(ceiling=500), consumer=1000.0)
+    assert max(t.config.num_workers for t in trials) <= 16
+    assert best.stall_fraction is not None and best.stall_fraction >= 0.45

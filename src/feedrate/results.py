@@ -10,6 +10,7 @@ Schema ``feedrate.measure/1`` (documented in docs/json-schema.md): ``schema``, `
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,8 +234,13 @@ class Trial:
 
     @property
     def noise(self) -> float:
-        """Relative half-width of this trial's spread."""
-        return self.spread.rel / 2 if self.spread is not None else 0.0
+        """Relative standard error of the rate: the windows' standard deviation over the median
+        and the square root of their number (half the relative range with one window)."""
+        s = self.spread
+        if s is None or s.median <= 0:
+            return 0.0
+        n = len(s.windows)
+        return s.stdev / s.median / math.sqrt(n) if n > 1 else s.rel / 2
 
     @property
     def worker_cpu_mean(self) -> float:

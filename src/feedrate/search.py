@@ -19,6 +19,7 @@ configurations within the noise of the fastest the cheapest wins.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -29,6 +30,8 @@ from feedrate.results import Trial
 NOISE_FLOOR = 0.03
 #: With a consumer, a configuration keeps it fed when it waits for data at most this share of time.
 STALL_MARGIN = 0.05
+#: With a consumer, doubling the workers must cut the stall by at least this much to go on.
+STALL_GAIN = 0.03
 #: /dev/shm needed per batch in flight, over the batch's own bytes (headroom for fragmentation).
 SHM_HEADROOM = 1.5
 #: Open files the main process holds per worker (queues, pipes) and per batch in flight (one per
@@ -55,7 +58,9 @@ class Space:
 
 
 def noise(a: Trial, b: Trial) -> float:
-    return max(NOISE_FLOOR, a.noise, b.noise)
+    """The relative difference two trials must exceed to be told apart: twice the standard
+    error of their difference (from each trial's windows), and at least ``NOISE_FLOOR``."""
+    return max(NOISE_FLOOR, 2 * math.hypot(a.noise, b.noise))
 
 
 def beats(b: Trial, a: Trial) -> bool:
@@ -289,9 +294,10 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     top = max(main, key=lambda t: t.config.num_workers)
     w = top.config.num_workers
     lower = [t for t in main if t.config.num_workers < w]
-    stuck = w >= space.cpus and bottleneck(top, space.cpus) != "latency"
-    if stuck and lower and not beats(top, max(lower, key=lambda t: t.median)):
-        return None  # CPU-bound and no longer gaining: more workers cannot feed it
+    if lower and w > 1:
+        prev = max(lower, key=lambda t: t.config.num_workers)
+        if (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0) < STALL_GAIN:
+            return None  # the last doubling did not cut the stall: more workers cannot feed it
     nxt = 1 if w == 0 else min(2 * w, space.max_workers)
     return (
         _with(space.baseline, nxt),
