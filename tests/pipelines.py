@@ -4,9 +4,11 @@ pipeline that provokes it. Module-level classes, so DataLoader workers can pickl
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
@@ -107,3 +109,117 @@ class ShardedStream(IterableDataset[torch.Tensor]):
 class EmptyDataset(TinyDataset):
     def __len__(self) -> int:
         return 0
+
+
+# Doubles for the doctor: each provokes one trap (or is its fixed twin, which must not).
+
+
+class ObjectListDataset(TinyDataset):
+    """Copy-on-read: the records are a Python list of ``n`` tuples (a str and an int each), so
+    forked workers copy the pages of every record they read."""
+
+    def __init__(self, n: int = 200_000) -> None:
+        super().__init__(n)
+        self.records = [(f"images/{i:07d}.jpg", i * 7919) for i in range(n)]
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        path, label = self.records[index]
+        return torch.tensor([float(label), float(len(path))])
+
+
+class ArrayRecordsDataset(TinyDataset):
+    """ObjectListDataset's fixed twin: the same records in two numpy arrays."""
+
+    def __init__(self, n: int = 200_000) -> None:
+        super().__init__(n)
+        self.paths = np.array([f"images/{i:07d}.jpg" for i in range(n)])
+        self.labels = np.arange(n, dtype=np.int64) * 7919
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(self.labels[index]), float(len(self.paths[index]))])
+
+
+class UnshardedStream(IterableDataset[torch.Tensor]):
+    """Every worker yields all of ``range(n)``: the classic duplicate-samples bug."""
+
+    def __init__(self, n: int = 512) -> None:
+        self.n = n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for i in range(self.n):
+            yield torch.full((4,), float(i))
+
+
+class ConstantStream(IterableDataset[torch.Tensor]):
+    """Sharded, but every item is the same: repeated values are not a repeated stream."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for _ in range(start, 256, step):
+            yield torch.zeros(4)
+
+
+def make_generator(kind: str, seed: int = 0) -> object:
+    if kind == "numpy":
+        return np.random.default_rng(seed)
+    if kind == "randomstate":
+        return np.random.RandomState(seed)
+    if kind == "random":
+        return random.Random(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+class SharedRngDataset(TinyDataset):
+    """Holds its own generator, created (and seeded) before the workers start: every worker
+    draws the same "random" augmentation. ``nested`` puts it in a transform object's list."""
+
+    def __init__(self, n: int = 256, kind: str = "numpy", nested: bool = False) -> None:
+        super().__init__(n)
+        self.kind = kind
+        if nested:
+            self.transform = Augment(make_generator(kind))
+        else:
+            self.rng = make_generator(kind)
+
+
+class Augment:
+    def __init__(self, rng: object) -> None:
+        self.steps = [{"rng": rng}]
+
+
+def reseed_worker(worker_id: int) -> None:
+    """A worker_init_fn that gives the dataset's generator a per-worker seed (the fix)."""
+    info = get_worker_info()
+    assert info is not None
+    info.dataset.rng = make_generator(info.dataset.kind, torch.initial_seed() % 2**32)
+
+
+def four_threads(worker_id: int) -> None:
+    """A worker_init_fn that undoes DataLoader's one thread per worker."""
+    torch.set_num_threads(4)
+
+
+def slow_init(worker_id: int) -> None:
+    """A slow worker_init_fn (opening connections, loading an index): 0.3 s."""
+    time.sleep(0.3)
+
+
+class LargeSampleDataset(TinyDataset):
+    """Cheap samples of ``nbytes`` each: batches are large in bytes, not in work."""
+
+    def __init__(self, n: int = 4096, nbytes: int = 2**20) -> None:
+        super().__init__(n, width=nbytes // 4)
+
+
+class RandomStream(IterableDataset[torch.Tensor]):
+    """Synthetic samples from the dataset's own generator, not split by worker: every worker
+    draws, and yields, the same "random" stream."""
+
+    def __init__(self, n: int = 256) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(0)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for _ in range(self.n):
+            yield torch.from_numpy(self.rng.standard_normal(4))

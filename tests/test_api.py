@@ -13,6 +13,7 @@ def test_public_names_are_pinned() -> None:
         "Measurement",
         "PipelineError",
         "PipelineTimeoutError",
+        "Report",
         "TargetError",
         "Trial",
         "TuneResult",
@@ -20,6 +21,7 @@ def test_public_names_are_pinned() -> None:
         "WorkerKilledError",
         "__version__",
         "config_of",
+        "doctor",
         "load_target",
         "machine_facts",
         "measure",
@@ -40,6 +42,7 @@ def test_user_errors_exit_2_and_pipeline_errors_exit_3() -> None:
 def test_functions_do_not_shadow_their_modules() -> None:
     import importlib
 
-    assert callable(feedrate.measure) and callable(feedrate.tune)
+    assert callable(feedrate.measure) and callable(feedrate.tune) and callable(feedrate.doctor)
     assert importlib.import_module("feedrate.measuring").measure is feedrate.measure
     assert importlib.import_module("feedrate.tuning").tune is feedrate.tune
+    assert importlib.import_module("feedrate.doctoring").doctor is feedrate.doctor

@@ -289,3 +289,60 @@ def test_tune_with_step_file(tmp_path: Path) -> None:
     assert "data stall" in proc.stdout
     code, _, stderr = run_cli("tune", f"{target}:loader", "--step", f"{target}:loader")
     assert code == 2 and "not a callable taking a batch" in stderr
+
+
+def test_doctor_prints_findings_and_writes_json(tmp_path: Path) -> None:
+    body = (
+        "from torch.utils.data import DataLoader\nfrom pipelines import SharedRngDataset\n"
+        "loader = DataLoader(SharedRngDataset(4096), batch_size=64, num_workers=2)\n"
+    )
+    target = write_target(tmp_path, body)
+    out = tmp_path / "d.json"
+    code, stdout, stderr = run_cli(
+        "doctor", f"{target}:loader", "--trial-seconds", "0.5", "--json", str(out)
+    )
+    assert code == 0, stderr
+    assert "Findings" in stdout and "shared-rng" in stdout and "bottleneck" in stdout
+    data = json.loads(out.read_text())
+    assert data["schema"] == "feedrate.doctor/1"
+    assert data["machine"]["cpus_usable"] >= 1
+    assert data["findings"][0]["id"] == "shared-rng" and data["findings"][0]["severity"] == "error"
+    assert {"id", "severity", "message", "fix"} <= set(data["findings"][0])
+    assert data["trials"][0]["config"]["num_workers"] == 2
+
+
+def test_doctor_bad_target_or_check_exits_2(
+    tiny_target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["doctor", "nowhere/missing.py:loader"])
+    assert info.value.code == 2
+    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["doctor", tiny_target, "--check", "nope"])
+    assert info.value.code == 2
+    assert "unknown check 'nope': choose from bottleneck" in capsys.readouterr().err
+
+
+def test_doctor_failing_pipeline_prints_the_report_and_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = (
+        "from torch.utils.data import DataLoader\nfrom pipelines import FailingDataset\n"
+        "loader = DataLoader(FailingDataset(bad_index=5), batch_size=4)\n"
+    )
+    target = write_target(tmp_path, body, name="failing_doctor.py")
+    out = tmp_path / "d.json"
+    with pytest.raises(SystemExit) as info:
+        main(["doctor", f"{target}:loader", "--json", str(out)])
+    assert info.value.code == 3
+    captured = capsys.readouterr()
+    assert "check-failed" in captured.out
+    errors = [line for line in captured.err.splitlines() if line.startswith("feedrate: error")]
+    assert len(errors) == 1 and "corrupt record 5" in errors[0]
+    assert "Traceback" not in captured.err
+    assert json.loads(out.read_text())["pipeline_error"] is not None
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(out)])
+    assert info.value.code == 0
+    assert "check-failed" in capsys.readouterr().out

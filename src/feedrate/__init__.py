@@ -3,6 +3,8 @@
 import feedrate
 m = feedrate.measure(loader, feedrate.LoaderConfig(num_workers=4))
 print(m.samples_per_s, m.spread.rel, m.startup_s)
+report = feedrate.doctor(loader)             # what is wrong or risky, with the fix
+print([(f.severity, f.id) for f in report.findings])
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from feedrate.config import LoaderConfig, config_of, rebuild
+from feedrate.doctoring import doctor
 from feedrate.errors import (
     FeedrateError,
     PipelineError,
@@ -21,6 +24,7 @@ from feedrate.errors import (
 from feedrate.machine import MachineFacts
 from feedrate.machine import collect as machine_facts
 from feedrate.measuring import measure
+from feedrate.report import Report
 from feedrate.results import Measurement, Trial, TuneResult
 from feedrate.target import load_target
 from feedrate.tuning import tune
@@ -32,6 +36,7 @@ __all__ = [
     "Measurement",
     "PipelineError",
     "PipelineTimeoutError",
+    "Report",
     "TargetError",
     "Trial",
     "TuneResult",
@@ -39,6 +44,7 @@ __all__ = [
     "WorkerKilledError",
     "__version__",
     "config_of",
+    "doctor",
     "load_target",
     "machine_facts",
     "measure",

@@ -1,7 +1,9 @@
-"""Diagnosis rules over measured data, one small pure function per finding id.
+"""Diagnosis rules over measured data and machine facts, one small pure function per finding id.
 
 Each returns a ``Finding`` (with the evidence in its message and the fix as code or a command)
-or None. ``tune_findings`` runs the ones that apply to a finished search.
+or None. ``tune_findings`` runs the ones that apply to a finished search; the doctor runs them
+all (``doctoring``). The bottleneck rule is in ``checks_bottleneck``, the machine's resources in
+``checks_machine``, what the dataset holds and what workers see in ``checks_dataset``.
 """
 
 from __future__ import annotations
@@ -9,45 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from feedrate.advice import judge_persistent
+from feedrate.checks_bottleneck import bottleneck_finding
 from feedrate.findings import Finding, by_severity
 from feedrate.results import Trial
-from feedrate.search import Space, beats, bottleneck
+from feedrate.search import STALL_MARGIN, Space, beats, covers
+from feedrate.units import size
 
-_HELPS = {
-    "no-workers": "keep num_workers=0; for more speed, cheaper per-batch work or bigger batches",
-    "main-process": "cheapen collation (a collate_fn that builds one tensor), smaller batches "
-    "through shared memory, or fewer, larger samples",
-    "cpu": "more CPUs, cheaper per-sample work (decode at lower resolution, move augmentation "
-    "to the GPU), or fewer threads per worker",
-    "latency": "more workers (or threads inside workers), or caching the remote data locally",
-    "unknown": "measure with a consumer (--rate, --step-time or --step) to see the data stall",
-}
-
-
-def bottleneck_finding(best: Trial, cpus: int, consumer: bool) -> Finding:
-    kind = bottleneck(best, cpus)
-    if consumer and best.stall_fraction is not None and best.stall_fraction <= 0.05:
-        return Finding(
-            "bottleneck",
-            "info",
-            f"consumer-bound: with {best.config.label()} the consumer waits for data only "
-            f"{best.stall_fraction:.0%} of the time; the model, not the loader, sets the pace",
-            "speed up the training step; the loader has headroom",
-        )
-    label = {
-        "no-workers": "main-process work only (no workers)",
-        "main-process": "main-process-bound (collation, unpickling, pinning)",
-        "cpu": "CPU-bound in the workers",
-        "latency": "latency-bound (workers mostly waiting)",
-        "unknown": "no single bottleneck stood out",
-    }[kind]
-    queued = best.worker_demand_mean - best.worker_cpu_mean
-    evidence = (
-        f"main process {best.main_cpu:.0%} of a core, workers {best.workers_cpu:.0%} in total "
-        f"({best.worker_cpu_mean:.0%} each, {queued:.0%} more queued for a CPU) at "
-        f"{best.config.label()} on {cpus} usable CPUs"
-    )
-    return Finding("bottleneck", "info", f"{label}: {evidence}", _HELPS[kind])
+#: Other processes busy on this many CPUs (or this share of the usable ones, if more) make the
+#: machine too busy for rates to be taken at face value.
+BUSY_OTHERS_MIN = 0.5
+BUSY_OTHERS_SHARE = 0.25
 
 
 def pin_memory_finding(baseline: Trial, machine: dict[str, Any]) -> Finding | None:
@@ -80,8 +53,61 @@ def worker_count_finding(baseline: Trial, best: Trial) -> Finding | None:
     )
 
 
-def startup_finding(baseline: Trial, epoch_samples: int | None) -> Finding | None:
-    """The user's workers restart every epoch (persistent_workers off) at a measured cost."""
+def consumer_worker_finding(baseline: Trial, best: Trial) -> Finding | None:
+    """With a consumer: the user's num_workers against the fewest measured that keep it fed."""
+    if not baseline.measured or not best.measured or not covers(best):
+        return None
+    mine, good = baseline.config.num_workers, best.config.num_workers
+    if mine == good:
+        return None
+    stall, best_stall = baseline.stall_fraction or 0.0, best.stall_fraction or 0.0
+    if not covers(baseline):
+        return Finding(
+            "too-few-workers",
+            "warning",
+            f"num_workers={mine} leaves the consumer waiting for data {stall:.0%} of the time "
+            f"({baseline.median:,.0f} samples/s); {good} measured {best_stall:.0%} "
+            f"({best.median:,.0f} samples/s, {best.median - baseline.median:,.0f} more)",
+            f"DataLoader(..., num_workers={good})",
+        )
+    if good >= mine:
+        return None
+    saved = baseline.memory_bytes - best.memory_bytes
+    memory = f", {size(saved)} less memory" if saved > 0 else ""
+    return Finding(
+        "too-many-workers",
+        "info",
+        f"num_workers={mine} keeps the consumer fed ({stall:.0%} stall), and so does {good} "
+        f"({best_stall:.0%} stall{memory}): the extra workers cost memory and start-up for "
+        "nothing",
+        f"DataLoader(..., num_workers={good})",
+    )
+
+
+def startup_cause(
+    start_method: str | None, init_s: float | None, age_s: float | None, pickled: int | None
+) -> str | None:
+    """Why workers are slow to start, from what the workers reported and the start method."""
+    parts = []
+    if init_s is not None and age_s and init_s >= 0.2 * age_s and init_s >= 0.05:
+        parts.append(f"worker_init_fn takes {init_s:.2f} s")
+    if start_method in ("spawn", "forkserver"):
+        pickled_size = f" ({size(pickled)})" if pickled else ""
+        parts.append(
+            f"under {start_method} every worker imports your modules (torch among them) and "
+            f"unpickles the dataset{pickled_size}"
+        )
+    if not parts:
+        return None
+    lead = f"each worker took {age_s:.2f} s to start: " if age_s else ""
+    return lead + "; ".join(parts)
+
+
+def startup_finding(
+    baseline: Trial, epoch_samples: int | None, cause: str | None = None
+) -> Finding | None:
+    """The user's workers restart every epoch (persistent_workers off) at a measured cost;
+    ``cause``, when known, says why they are slow to start."""
     if baseline.config.num_workers == 0 or baseline.config.persistent_workers:
         return None
     judged = judge_persistent(baseline, epoch_samples)
@@ -94,7 +120,8 @@ def startup_finding(baseline: Trial, epoch_samples: int | None) -> Finding | Non
         "startup-cost",
         "warning" if (share or 0) >= 0.05 else "info",
         f"your {baseline.config.num_workers} workers take {saved:.2f} s to start and "
-        f"persistent_workers is off, so every epoch loses {saved:.2f} s{of_epoch}",
+        f"persistent_workers is off, so every epoch loses {saved:.2f} s{of_epoch}"
+        + (f" ({cause})" if cause else ""),
         "DataLoader(..., persistent_workers=True)",
     )
 
@@ -125,6 +152,57 @@ def skipped_finding(trials: list[Trial]) -> Finding | None:
     )
 
 
+def data_stall_finding(together: Trial, fix: str) -> Finding | None:
+    """With a consumer: your settings leave it waiting for data beyond ``STALL_MARGIN``. The fix
+    is what would help the bottleneck found."""
+    stall = together.stall_fraction
+    if not together.measured or stall is None or stall <= STALL_MARGIN:
+        return None
+    return Finding(
+        "data-stall",
+        "warning",
+        f"with your settings ({together.config.label()}) the consumer waits for data "
+        f"{stall:.0%} of the time: {together.median:,.0f} samples/s reach it",
+        fix,
+    )
+
+
+def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
+    """Other processes kept CPUs busy while the trials ran (the machine's busy CPUs less the
+    pipeline's own): the rates, and verdicts drawn from them, hold for a machine that busy."""
+    others = [
+        t.system_busy_cpus - t.main_cpu - t.workers_cpu
+        for t in trials
+        if t.measured and t.system_busy_cpus is not None
+    ]
+    if not others:
+        return None
+    busy = sum(others) / len(others)
+    if busy < max(BUSY_OTHERS_MIN, BUSY_OTHERS_SHARE * cpus):
+        return None
+    return Finding(
+        "busy-machine",
+        "info",
+        f"other processes kept {busy:.1f} of the {cpus} usable CPUs busy while the pipeline "
+        "was measured: rates are lower and noisier than on a quiet machine, and the worker "
+        "count that measured best is the best for a machine this busy",
+        "measure again on a quiet machine, or give the job CPUs of its own (taskset, cpusets, "
+        "a container's --cpuset-cpus)",
+    )
+
+
+def check_failed_finding(check: str, error: str, skipped: list[str] | None = None) -> Finding:
+    """A check (``check`` says what it does) that could not finish: why, and which later checks
+    it took down with it. Its other findings stand."""
+    rest = f"; not run because of it: {', '.join(skipped)}" if skipped else ""
+    return Finding(
+        "check-failed",
+        "warning",
+        f"the {check} failed: {error}{rest}",
+        "fix that and run feedrate doctor again; the other findings stand",
+    )
+
+
 def tune_findings(
     space: Space,
     machine: dict[str, Any],
@@ -132,9 +210,10 @@ def tune_findings(
     best: Trial,
     trials: list[Trial],
     epoch_samples: int | None,
+    batch_size: int | None = None,
 ) -> list[Finding]:
     found = [
-        bottleneck_finding(best, space.cpus, space.consumer),
+        bottleneck_finding(best, space.cpus, space.consumer, batch_size=batch_size),
         pin_memory_finding(baseline, machine),
         worker_count_finding(baseline, best),
         startup_finding(baseline, epoch_samples),

@@ -1,7 +1,7 @@
 """The ``feedrate`` command line: parses options, calls the library, prints. No logic of its own.
 
 Exit status: 0 success, 2 a user mistake (bad target or option), 3 the pipeline failed while
-measured, 130 interrupted.
+measured (``doctor`` prints its report first), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 
 from feedrate import __version__
-from feedrate.errors import FeedrateError, UserError
+from feedrate.errors import FeedrateError, PipelineError, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -274,6 +274,97 @@ def tune(
 
 
 @cli.command()
+@click.argument("target")
+@click.option("--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator).")
+@click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")
+@click.option(
+    "--step",
+    "step_spec",
+    metavar="FILE:FUNC",
+    help="A real training step: a callable taking a batch.",
+)
+@click.option(
+    "--check",
+    "check_ids",
+    metavar="ID",
+    multiple=True,
+    help="Look only for this finding id (repeatable; default: all).",
+)
+@click.option(
+    "--trial-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.5,
+    show_default=True,
+    help="Seconds of steady state per configuration measured.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Stop a step as hung when no batch arrives for this many seconds.",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the report as JSON (schema feedrate.doctor/1).",
+)
+def doctor(
+    target: str,
+    rate: float | None,
+    step_time: float | None,
+    step_spec: str | None,
+    check_ids: tuple[str, ...],
+    trial_seconds: float,
+    timeout_s: float,
+    json_path: Path | None,
+) -> None:
+    """Find what is wrong or risky in TARGET's pipeline on this machine: the bottleneck, and
+    traps such as a small /dev/shm, workers copying the dataset, duplicate samples, shared
+    random generators, oversubscribed threads. Each finding cites the evidence and the fix.
+
+    Exits 0 when it ran (findings or not), 2 for a bad target or option, 3 when the pipeline
+    itself failed (the report, with what was found before, is still printed).
+    """
+    from feedrate import render
+    from feedrate.doctoring import doctor as run_doctor
+    from feedrate.doctoring import wanted_checks
+    from feedrate.target import load_step
+
+    wanted_checks(check_ids or None)
+    loader = _load(target)
+    step = load_step(step_spec) if step_spec else None
+    with _err.status(f"doctor: examining {target} …", spinner="dots") as status:
+        report = run_doctor(
+            loader,
+            rate=rate,
+            step_time=step_time,
+            step=step,
+            step_name=step_spec,
+            checks=check_ids or None,
+            trial_seconds=trial_seconds,
+            timeout_s=timeout_s,
+            target=target,
+            progress=lambda name: status.update(f"doctor: {_STEP_NAMES.get(name, name)} …"),
+        )
+    _out.print(render.doctor_report(report))
+    if json_path is not None:
+        _write_json(json_path, report.to_dict())
+    if report.pipeline_error is not None:
+        raise PipelineError(report.pipeline_error)
+
+
+_STEP_NAMES = {
+    "workers": "looking inside 2 workers",
+    "duplicates": "comparing what 2 workers yield",
+    "memory": "watching worker memory",
+    "performance": "measuring your settings and a few alternatives",
+}
+
+
+@cli.command()
 @click.argument(
     "run_json", metavar="RUN.json", type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
@@ -292,6 +383,7 @@ def tune(
 def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> None:
     """Render a saved result (from --json) again, without measuring."""
     from feedrate import render
+    from feedrate.report import Report
     from feedrate.results import Measurement, TuneResult
 
     try:
@@ -301,10 +393,13 @@ def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> No
     schema = document.get("schema") if isinstance(document, dict) else None
     if schema == "feedrate.tune/1":
         _show_tune(TuneResult.from_dict(document), None, plot_path, html_path)
-    elif schema == "feedrate.measure/1":
+    elif schema in ("feedrate.measure/1", "feedrate.doctor/1"):
         if plot_path or html_path:
-            raise UserError("--plot and --html render tune results; this is a measurement")
-        _out.print(render.measurement(Measurement.from_dict(document)))
+            raise UserError("--plot and --html render tune results; this is not one")
+        if schema == "feedrate.doctor/1":
+            _out.print(render.doctor_report(Report.from_dict(document)))
+        else:
+            _out.print(render.measurement(Measurement.from_dict(document)))
     else:
         raise UserError(f"{run_json} is not a feedrate result (schema: {schema!r})")
 

@@ -9,9 +9,11 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from feedrate.checks_bottleneck import BOTTLENECK_LABELS
 from feedrate.findings import Finding, by_severity
 from feedrate.machine import MachineFacts
 from feedrate.probe import ProcessFigures
+from feedrate.report import Report
 from feedrate.results import Measurement, Trial, TuneResult
 
 
@@ -245,6 +247,7 @@ def recommendation(result: TuneResult) -> Table:
 
 
 def findings_list(findings: list[Finding]) -> RenderableType:
+    """Findings most important first (errors, warnings, then info), each with its fix."""
     if not findings:
         return Text("no problems found", style="green")
     colors = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -269,4 +272,87 @@ def tune_result(result: TuneResult) -> RenderableType:
         Text("Findings", style="bold"),
         findings_list(result.findings),
     ]
+    return Group(*parts)
+
+
+def _doctor_trial_row(t: Trial, report: Report) -> tuple[str, ...]:
+    label = t.config.label() + (" (yours)" if t is report.trials[0] else "")
+    if t.skipped or t.error:
+        note = f"skipped: {t.skipped}" if t.skipped else f"failed: {t.error}"
+        return (label, t.reason, "-", "-", "-", note)
+    stall = "" if t.stall_fraction is None else f"{t.stall_fraction:.0%}"
+    runs = f" ({t.repeats} runs)" if t.repeats > 1 else ""
+    return (
+        label,
+        t.reason,
+        f"{rate(t.median)} ± {t.noise:.0%}{runs}",
+        f"{t.main_cpu:.0%} / {t.workers_cpu:.0%}",
+        stall,
+        "",
+    )
+
+
+def doctor_trials(report: Report) -> Table:
+    """The configurations the doctor measured, yours first (with a consumer, then yours without
+    it; a stall column with a consumer, a note column when one was skipped or failed)."""
+    shown = list(report.trials)
+    if report.loader_alone is not None:
+        shown.insert(1, report.loader_alone)  # next to yours, which ran with the consumer
+    rows = [_doctor_trial_row(t, report) for t in shown]
+    columns = [
+        ("config", "left"),
+        ("why", "left"),
+        ("samples/s", "right"),
+        ("CPU main / workers", "right"),
+        ("stall", "right"),
+        ("note", "left"),
+    ]
+    keep = [i for i in range(len(columns)) if i < 4 or any(row[i] for row in rows)]
+    table = Table(title="Measured", title_justify="left")
+    for i in keep:
+        col, justify = columns[i]
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table
+
+
+def doctor_summary(report: Report) -> Table:
+    m = report.machine
+    shm = size(m.get("shm_free_bytes"))
+    rows = [
+        ("your settings", f"{report.config.label()}, batch_size={report.batch_size}"),
+        (
+            "machine",
+            f"{m.get('cpus_usable')} usable CPUs, /dev/shm {shm} free, "
+            f"accelerator {m.get('accelerator', 'none')}",
+        ),
+    ]
+    if report.consumer is not None:
+        alone = report.consumer_alone_samples_per_s
+        pace = f"; alone {rate(alone)} samples/s" if alone else ""
+        rows.append(("consumer", f"{report.consumer.get('kind')}{pace}"))
+    if report.bottleneck:
+        rows.append(("bottleneck", BOTTLENECK_LABELS.get(report.bottleneck, report.bottleneck)))
+    steps = " · ".join(
+        f"{c.name} {c.status} ({c.detail})" if c.status == "skipped" else f"{c.name} {c.status}"
+        for c in report.checks
+    )
+    rows.append(("checks", f"{steps}; {report.seconds:.0f} s in all"))
+    return _kv_table(rows, title=f"feedrate doctor {report.target or ''}".rstrip())
+
+
+def doctor_report(report: Report) -> RenderableType:
+    """The whole console report of the doctor: what was measured, then the findings grouped by
+    severity, errors first; "no problems found" when there is no error or warning."""
+    parts: list[Any] = [doctor_summary(report), Text("")]
+    if report.trials:
+        parts += [doctor_trials(report), Text("")]
+    problems = report.problems
+    if problems:
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        parts.append(Text(f"Findings ({count})", style="bold"))
+    else:
+        parts.append(Text("no problems found", style="bold green"))
+    parts.append(findings_list(report.findings))
     return Group(*parts)

@@ -18,6 +18,7 @@ from feedrate import advice, cache, checks, search
 from feedrate.config import LoaderConfig, config_of, is_iterable_style
 from feedrate.consumer import Consumer, make_consumer
 from feedrate.errors import PipelineError, PipelineTimeoutError, UserError, WorkerKilledError
+from feedrate.findings import Finding, by_severity
 from feedrate.machine import MachineFacts, collect
 from feedrate.measuring import measure
 from feedrate.results import Trial, TuneResult
@@ -92,6 +93,7 @@ def tune(
             return hit
     run = _Run(loader, space, consumer, trial_seconds, budget_s, facts, target, progress)
     result = run.search()
+    result.findings = by_severity([*result.findings, *_doctor_checks(loader, facts, result)])
     result._source = source
     if use_cache and not result.partial:
         cache.save(cache_key, result.to_dict())
@@ -144,6 +146,16 @@ def _fd_budget(facts: MachineFacts) -> int | None:
     if facts.sharing_strategy != "file_descriptor" or facts.open_files_soft is None:
         return None
     return int(facts.open_files_soft * 0.8)
+
+
+def _doctor_checks(
+    loader: DataLoader[Any], facts: MachineFacts, result: TuneResult
+) -> list[Finding]:
+    """The doctor's dataset and resource checks (shared generators, duplicate streams, copies
+    of Python objects, threads, /dev/shm, open files), a few seconds at most."""
+    from feedrate.doctoring import tune_checks  # the doctor builds on tune's pieces
+
+    return tune_checks(loader, facts, result.baseline, result.best)
 
 
 def _from_cache(cache_key: str, source: Any) -> TuneResult | None:
@@ -283,7 +295,13 @@ class _Run:
             best=best,
             trials=self.trials,
             findings=checks.tune_findings(
-                self.space, self.facts.to_dict(), baseline, best, self.trials, epoch_samples
+                self.space,
+                self.facts.to_dict(),
+                baseline,
+                best,
+                self.trials,
+                epoch_samples,
+                self.loader.batch_size,
             ),
             search_seconds=self.elapsed(),
             reason=advice.reason(self.space, best, baseline, described),

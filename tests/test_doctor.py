@@ -1,0 +1,359 @@
+"""The doctor on real pipelines: for every check a double that provokes it and its fixed twin
+that must not, the experiments behind them, failures kept apart from findings, the report as
+plain data, and the same checks inside tune. Assertions are about findings with wide margins,
+never about speed."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from feedrate import doctoring, experiments, sampling
+from feedrate.errors import UserError
+from feedrate.machine import MachineFacts, collect
+from feedrate.render import doctor_report
+from feedrate.report import DOCTOR_SCHEMA, Report
+from feedrate.tuning import tune
+
+from pipelines import (
+    ArrayRecordsDataset,
+    BusyDataset,
+    ConstantStream,
+    FailingDataset,
+    HangingDataset,
+    ObjectListDataset,
+    RandomStream,
+    ShardedStream,
+    SharedRngDataset,
+    SleepDataset,
+    TinyDataset,
+    UnshardedStream,
+    four_threads,
+    reseed_worker,
+    slow_init,
+)
+
+QUICK: dict[str, Any] = {"trial_seconds": 0.5, "timeout_s": 20.0}
+
+
+def ids(report: Report) -> set[str]:
+    return {f.id for f in report.findings}
+
+
+def facts(**changes: Any) -> MachineFacts:
+    return dataclasses.replace(collect(), **changes)
+
+
+# -- shared random generators ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["numpy", "randomstate", "random", "torch"])
+def test_shared_rng_found_by_comparing_draws(kind: str) -> None:
+    loader = DataLoader(SharedRngDataset(kind=kind, nested=kind == "numpy"), num_workers=2)
+    report = doctoring.doctor(loader, checks=["shared-rng"], **QUICK)
+    found = report.finding("shared-rng")
+    assert found is not None and found.severity == "error"
+    assert "workers 0 and 1 each drew" in found.message
+    assert "worker_init_fn" in found.fix and "torch.initial_seed()" in found.fix
+
+
+def test_shared_rng_reseeded_per_worker_is_not_flagged() -> None:
+    loader = DataLoader(SharedRngDataset(), num_workers=2, worker_init_fn=reseed_worker)
+    views = experiments.inspect_workers(loader)
+    assert [v.worker_id for v in views] == [0, 1]
+    draws = [v.draws["rng"][1] for v in views]
+    assert draws[0] != draws[1]
+    assert "shared-rng" not in ids(doctoring.doctor(loader, checks=["shared-rng"], **QUICK))
+
+
+# -- iterable duplicates ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dataset", [UnshardedStream(), RandomStream()])
+def test_unsharded_streams_yield_duplicates(dataset: Any) -> None:
+    loader = DataLoader(dataset, batch_size=8, num_workers=2)
+    report = doctoring.doctor(loader, checks=["iterable-duplicates"], **QUICK)
+    found = report.finding("iterable-duplicates")
+    assert found is not None and found.severity == "error"
+    assert "worker 0 and worker 1 yielded the same samples" in found.message
+    per_worker = report.evidence["stream"]["per_worker"]
+    assert per_worker["0"] == per_worker["1"]
+
+
+@pytest.mark.parametrize("dataset", [ShardedStream(), ConstantStream()])
+def test_sharded_or_repetitive_streams_are_not_duplicates(dataset: Any) -> None:
+    loader = DataLoader(dataset, batch_size=8, num_workers=2)
+    assert "iterable-duplicates" not in ids(
+        doctoring.doctor(loader, checks=["iterable-duplicates"], **QUICK)
+    )
+
+
+def test_spawned_workers_are_examined_too() -> None:
+    # Under spawn the wrapper around your dataset is pickled into each worker (seconds per run).
+    loader = DataLoader(SharedRngDataset(), num_workers=2, multiprocessing_context="spawn")
+    report = doctoring.doctor(loader, checks=["shared-rng"], **QUICK)
+    assert ids(report) == {"shared-rng"}
+
+
+def test_map_style_datasets_skip_the_duplicates_run() -> None:
+    report = doctoring.doctor(
+        DataLoader(TinyDataset(), num_workers=2), checks=["iterable-duplicates"], **QUICK
+    )
+    runs = {c.name: c for c in report.checks}
+    assert runs["duplicates"].status == "skipped"
+    assert runs["duplicates"].detail == "not an IterableDataset"
+
+
+# -- copy-on-read -----------------------------------------------------------------------------
+
+
+def test_python_object_records_grow_in_every_worker() -> None:
+    loader = DataLoader(ObjectListDataset(), batch_size=256, shuffle=True)
+    report = doctoring.doctor(loader, checks=["copy-on-read"], **QUICK)
+    found = report.finding("copy-on-read")
+    assert found is not None, report.evidence["memory_run"]
+    assert "self.records: list of 200,000 tuple" in found.message
+    assert "worker 0" in found.message and "worker 1" in found.message
+    growth = [w["growth"] for w in report.evidence["memory_run"]["workers"]]
+    assert len(growth) == 2 and min(growth) > 0
+
+
+def test_the_same_records_in_arrays_do_not() -> None:
+    loader = DataLoader(ArrayRecordsDataset(), batch_size=256, shuffle=True)
+    report = doctoring.doctor(loader, checks=["copy-on-read"], **QUICK)
+    assert "copy-on-read" not in ids(report)
+    assert report.evidence["containers"] == []
+    memory = {c.name: c for c in report.checks}["memory"]
+    assert memory.status == "skipped"  # nothing to copy: no memory run needed
+
+
+def test_sample_run_reads_worker_memory_and_the_first_batch() -> None:
+    run = sampling.sample_run(DataLoader(TinyDataset(4096), batch_size=16), seconds=0.5)
+    assert len(run.workers) == 2 and run.batches >= 2
+    assert all(w.uss_early > 0 and w.uss_late > 0 and w.os_threads >= 1 for w in run.workers)
+    assert run.tensors_per_batch == 1 and run.batch_bytes == 16 * 8 * 4
+
+
+# -- threads ----------------------------------------------------------------------------------
+
+
+def test_threads_per_worker_oversubscribe_the_cpus() -> None:
+    loader = DataLoader(TinyDataset(), num_workers=2, worker_init_fn=four_threads)
+    cpus = 2
+    report = doctoring.doctor(
+        loader, checks=["thread-oversubscription"], machine=facts(cpus_usable=cpus), **QUICK
+    )
+    found = report.finding("thread-oversubscription")
+    assert found is not None and "torch 4" in found.message and "2 workers × 4 = 8" in found.message
+    plain = DataLoader(TinyDataset(), num_workers=2)
+    assert "thread-oversubscription" not in ids(
+        doctoring.doctor(plain, checks=["thread-oversubscription"], **QUICK)
+    )
+
+
+# -- start-up, resources ----------------------------------------------------------------------
+
+
+def test_slow_worker_start_without_persistent_workers() -> None:
+    loader = DataLoader(TinyDataset(64), batch_size=8, num_workers=2, worker_init_fn=slow_init)
+    report = doctoring.doctor(loader, checks=["startup-cost"], **QUICK)
+    found = report.finding("startup-cost")
+    assert found is not None and "worker_init_fn takes 0.3" in found.message
+    kept = DataLoader(
+        TinyDataset(64), batch_size=8, num_workers=2, worker_init_fn=slow_init,
+        persistent_workers=True,
+    )  # fmt: skip
+    assert "startup-cost" not in ids(doctoring.doctor(kept, checks=["startup-cost"], **QUICK))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_machine_limits_come_from_the_facts() -> None:
+    loader = DataLoader(TinyDataset(4096), batch_size=64, num_workers=4)
+    small = facts(
+        shm_free_bytes=4096,
+        sharing_strategy="file_descriptor",
+        open_files_soft=64,
+        cpu_count=64,
+        cpu_quota=2.0,
+        accelerator="cuda",
+        accelerator_count=1,
+    )
+    wanted = ["shm-too-small", "fd-limit", "cpu-quota", "pin-memory-unused"]
+    report = doctoring.doctor(loader, checks=wanted, machine=small, **QUICK)
+    assert ids(report) == set(wanted)
+    shm = report.finding("shm-too-small")
+    assert shm is not None and shm.severity == "error" and "8 batches of" in shm.message
+    roomy = facts(shm_free_bytes=2**34, open_files_soft=2**20, cpu_quota=None, accelerator="none")
+    assert ids(doctoring.doctor(loader, checks=wanted, machine=roomy, **QUICK)) == set()
+
+
+def test_pin_memory_without_an_accelerator() -> None:
+    loader = DataLoader(TinyDataset(), pin_memory=True)
+    report = doctoring.doctor(
+        loader, checks=["pin-memory-no-accelerator"], machine={"accelerator": "none"}, **QUICK
+    )
+    assert ids(report) == {"pin-memory-no-accelerator"}
+    assert all(c.status == "skipped" for c in report.checks)  # no run needed
+
+
+# -- throughput: bottleneck and worker count --------------------------------------------------
+
+
+def test_latency_bound_with_no_workers_has_too_few() -> None:
+    loader = DataLoader(SleepDataset(4096, sleep_s=0.004), batch_size=4)
+    report = doctoring.doctor(loader, checks=["bottleneck", "too-few-workers"], **QUICK)
+    assert report.bottleneck == "latency"
+    few = report.finding("too-few-workers")
+    assert few is not None and "num_workers=0 gives" in few.message
+    assert [t.config.num_workers for t in report.trials][:2] == [0, 2]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_tiny_samples_with_many_workers_have_too_many() -> None:
+    loader = DataLoader(TinyDataset(50_000), batch_size=1, num_workers=4)
+    report = doctoring.doctor(loader, checks=["bottleneck", "too-many-workers"], **QUICK)
+    many = report.finding("too-many-workers")
+    assert many is not None and "num_workers=0" in many.fix
+    assert report.bottleneck == "no-workers"
+    bottleneck = report.finding("bottleneck")
+    assert bottleneck is not None and "with no workers it makes" in bottleneck.message
+
+
+def test_cpu_bound_at_one_worker_per_cpu_is_fine() -> None:
+    loader = DataLoader(
+        BusyDataset(4096, cpu_s=0.002), batch_size=4, num_workers=2, persistent_workers=True
+    )
+    wanted = ["bottleneck", "too-few-workers", "too-many-workers", "busy-machine"]
+    report = doctoring.doctor(loader, checks=wanted, machine=facts(cpus_usable=2), **QUICK)
+    assert "too-few-workers" not in ids(report)
+    if "busy-machine" in ids(report):
+        # Other processes took a CPU: workers may not pay here, and the doctor says why.
+        return
+    assert report.bottleneck == "cpu"
+    assert ids(report) == {"bottleneck"}
+
+
+def test_a_slow_consumer_is_the_bottleneck() -> None:
+    loader = DataLoader(TinyDataset(4096), batch_size=16)
+    report = doctoring.doctor(loader, step_time=0.02, checks=["bottleneck"], **QUICK)
+    assert report.bottleneck == "consumer"
+    assert report.consumer_alone_samples_per_s == pytest.approx(800)
+    assert report.loader_alone is not None and report.loader_alone.stall_fraction is None
+    found = report.finding("bottleneck")
+    assert found is not None and "the consumer alone takes 800 samples/s" in found.message
+    assert "data-stall" not in ids(report)
+
+
+def test_a_starved_consumer_is_a_problem() -> None:
+    loader = DataLoader(SleepDataset(4096, sleep_s=0.004), batch_size=16)
+    report = doctoring.doctor(
+        loader, rate=2000.0, checks=["bottleneck", "data-stall", "too-few-workers"], **QUICK
+    )
+    assert not report.healthy
+    assert {"data-stall", "too-few-workers"} & ids(report)
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def test_a_failing_pipeline_keeps_what_was_found() -> None:
+    loader = DataLoader(FailingDataset(bad_index=5), batch_size=4)
+    report = doctoring.doctor(loader, machine=facts(cpu_count=64, cpu_quota=1.0), **QUICK)
+    assert report.pipeline_error is not None and "corrupt record 5" in report.pipeline_error
+    failed = report.finding("check-failed")
+    assert failed is not None and "sample index 5" in failed.message
+    assert "not run because of it: throughput measurement" in failed.message
+    assert "cpu-quota" in ids(report)  # found before, kept
+    statuses = {c.name: c.status for c in report.checks}
+    assert statuses["memory"] == "failed" and statuses["performance"] == "skipped"
+
+
+def test_a_hanging_pipeline_times_out() -> None:
+    loader = DataLoader(HangingDataset(at=0), batch_size=4)
+    report = doctoring.doctor(loader, trial_seconds=0.5, timeout_s=1.0)
+    assert report.pipeline_error is not None and "hang" in report.pipeline_error
+
+
+def test_a_check_that_breaks_is_reported_and_the_others_go_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise KeyError("oops")
+
+    monkeypatch.setattr(experiments, "inspect_workers", broken)
+    loader = DataLoader(TinyDataset(), num_workers=2)
+    report = doctoring.doctor(
+        loader, checks=["shared-rng", "cpu-quota"], machine=facts(cpu_count=8, cpu_quota=1.0)
+    )
+    failed = report.finding("check-failed")
+    assert failed is not None and "look inside 2 workers" in failed.message
+    assert "KeyError" in failed.message and report.pipeline_error is None
+    assert "cpu-quota" in ids(report)
+
+
+def test_bad_arguments_are_user_errors() -> None:
+    loader = DataLoader(TinyDataset())
+    with pytest.raises(UserError, match="unknown check 'nope'"):
+        doctoring.doctor(loader, checks=["nope"])
+    with pytest.raises(UserError, match="unknown machine fact 'shm'"):
+        doctoring.doctor(loader, machine={"shm": 1})
+    with pytest.raises(UserError, match="at most one"):
+        doctoring.doctor(loader, rate=10.0, step_time=1.0)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def test_report_round_trips_and_renders(tmp_path: Path) -> None:
+    loader = DataLoader(SharedRngDataset(), num_workers=2)
+    report = doctoring.doctor(loader, checks=["shared-rng", "cpu-quota"], **QUICK)
+    data = json.loads(report.to_json())
+    assert data["schema"] == DOCTOR_SCHEMA
+    for key in ("machine", "findings", "config", "checks", "evidence", "problems"):
+        assert key in data
+    assert all({"id", "severity", "message", "fix"} <= set(f) for f in data["findings"])
+    again = Report.from_json(report.to_json())
+    assert again.to_dict() == data
+    report.save(tmp_path / "r.json")
+    assert Report.from_json((tmp_path / "r.json").read_text()).findings == report.findings
+    with pytest.raises(ValueError, match=r"not a feedrate\.doctor/1"):
+        Report.from_dict({"schema": "feedrate.tune/1"})
+
+
+def render_text(report: Report) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(doctor_report(report))
+    return console.export_text()
+
+
+def test_console_groups_by_severity_and_says_no_problems() -> None:
+    loader = DataLoader(SharedRngDataset(), num_workers=2)
+    wanted = ["shared-rng", "cpu-quota", "pin-memory-unused"]
+    gpu = facts(cpu_count=8, cpu_quota=1.0, accelerator="cuda", accelerator_count=1)
+    text = render_text(doctoring.doctor(loader, checks=wanted, machine=gpu, **QUICK))
+    assert "Findings (2 problems)" in text
+    assert text.index("error   shared-rng") < text.index("warning cpu-quota")
+    assert text.index("warning cpu-quota") < text.index("info    pin-memory-unused")
+    fine = DataLoader(SharedRngDataset(), num_workers=2, worker_init_fn=reseed_worker)
+    text = render_text(doctoring.doctor(fine, checks=["shared-rng"], **QUICK))
+    assert "no problems found" in text and "Findings" not in text
+
+
+# -- inside tune ------------------------------------------------------------------------------
+
+
+def test_tune_reports_the_dataset_traps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDRATE_CACHE_DIR", str(tmp_path))
+    loader = DataLoader(SharedRngDataset(4096), batch_size=64, num_workers=2)
+    result = tune(loader, budget_s=10, trial_seconds=0.3, use_cache=False, max_workers=2)
+    found = {f.id: f for f in result.findings}
+    assert "shared-rng" in found and found["shared-rng"].severity == "error"
+    assert result.findings[0].severity == "error"  # most important first
