@@ -4,10 +4,11 @@
 Both sides rebuild the example's loader with the same ``LoaderConfig``, discard
 ``warmup_batches(config)`` batches at every epoch start, count the same steady-state batches per
 epoch (the bare loop replays the exact schedule ``measure`` follows, worked out beforehand) and
-time from the last warm-up batch to the last counted batch, summed over epochs. Only the
-instrumentation differs: ``measure`` adds the index-reporting dataset wrapper, the psutil probe
-(CPU and memory reads at window boundaries, a /dev/shm polling thread) and the SIGALRM watchdog
-kicked per batch.
+time from the last warm-up batch (for epochs timed whole: from the ``iter()`` call) to the last
+counted batch, summed over epochs. Only the instrumentation differs: ``measure`` adds the
+index-reporting dataset wrapper, the psutil probe (CPU counters at window boundaries; a poller
+thread watching /dev/shm and reading every process's memory) and the SIGALRM watchdog kicked per
+batch.
 
 Rounds alternate the order (bare, feedrate / feedrate, bare: ABBA) so drift hits both alike; each
 round gives one ratio feedrate/bare per pipeline. Reported: median samples/s of each side, median
@@ -16,10 +17,11 @@ the instrumentation's own time inside the measured span (see ``overhead_costs``)
 
     python benchmarks/overhead.py              # full run, about 8 minutes on 2 cores
     python benchmarks/overhead.py --quick      # about 2 minutes
-    python benchmarks/overhead.py --attribute  # adds ablation arms (parts of measure() off)
+    python benchmarks/overhead.py --attribute [ARM ...]  # adds ablation arms (parts switched off)
     python benchmarks/overhead.py --render benchmarks/results/overhead.json  # no measuring
 
-Run from the repository root. Results: ``benchmarks/results/overhead{,-attribution}.{json,md}``.
+Run from the repository root. Results go to ``benchmarks/results/``: ``overhead.{json,md}``, or
+``overhead-quick.*``, ``overhead-attribution.*`` for ``--quick`` and ``--attribute`` runs.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import itertools
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -43,26 +45,27 @@ from unittest import mock
 import overhead_costs as costs
 import overhead_report as report
 import psutil
+from overhead_schedule import WINDOWS, Schedule, plan_schedule
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import windows
 from feedrate.config import LoaderConfig, quiet_worker_count_warning, rebuild
 from feedrate.failures import stop_workers
 from feedrate.machine import MachineFacts, collect
-from feedrate.measuring import measure, warmup_batches
+from feedrate.measuring import measure
 from feedrate.target import load_target
 
-WINDOWS = 5
 console = Console(width=None if sys.stdout.isatty() else 150)
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """An example at a fixed configuration; ``batches`` steady-state batches per run (full run),
-    chosen so windows do not line up with epochs, as time-closed windows would not."""
+    """An example at a fixed configuration and ``measure``'s batch budget per run (full run,
+    ``--quick``). Budgets are chosen so windows do not line up with epochs, as time-closed windows
+    would not; the images example's epochs (16 batches) are too short for windows, so ``measure``
+    times 5 whole epochs after a warm-up epoch whatever the budget."""
 
     name: str
     target: str
@@ -72,7 +75,7 @@ class Pipeline:
 
 
 PIPELINES = (
-    Pipeline("images", "examples/images.py:loader", LoaderConfig(num_workers=2), 44, 22),
+    Pipeline("images", "examples/images.py:loader", LoaderConfig(num_workers=2), 80, 80),
     Pipeline("remote", "examples/remote.py:loader", LoaderConfig(num_workers=8), 180, 90),
     Pipeline("tabular", "examples/tabular.py:loader", LoaderConfig(num_workers=0), 2400, 1200),
 )
@@ -99,68 +102,6 @@ ABLATIONS = (
     Arm("no-memory", "feedrate", "probe without memory_full_info reads", memory=False),
     Arm("no-probe", "feedrate", "probe replaced by a no-op", probe=False),
 )
-
-
-# --- the schedule measure() follows -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """What ``measure`` does with each epoch: ``skip`` batches discarded, then ``counted`` batches
-    timed (from the last discarded batch, or from the ``iter()`` call when whole epochs are timed,
-    start-up included). ``reads``: per probe call (attach, window open or close, in call order)
-    whether it falls inside the timed span."""
-
-    method: str
-    skip: tuple[int, ...]
-    counted: tuple[int, ...]
-    reads: tuple[tuple[str, bool], ...]
-
-    @property
-    def batches(self) -> int:
-        return sum(self.counted)
-
-    def timed(self, kind: str) -> int:
-        return sum(1 for k, inside in self.reads if k == kind and inside)
-
-
-def plan_schedule(config: LoaderConfig, batches: int, epoch_length: int) -> Schedule:
-    """Replay ``windows.run`` on a fake loader of ``epoch_length`` batches and a fake clock: with a
-    batch budget the schedule depends on counts only, never on speed."""
-    plan = windows.WindowPlan(WINDOWS, batches, None, warmup_batches(config))
-    taken: list[int] = []
-    calls: list[tuple[str, int, int]] = []
-
-    def call(kind: str) -> None:
-        calls.append((kind, len(taken) - 1, taken[-1]))
-
-    def make_iter() -> Iterator[int]:
-        taken.append(0)
-        call("attach")  # measure's make_iter attaches the probe before any batch
-        return _counting(epoch_length, taken)
-
-    ticks = itertools.count()
-    timeline = windows.run(
-        make_iter,
-        plan,
-        lambda _batch: 1,
-        clock=lambda: float(next(ticks)),
-        hooks=windows.Hooks(window_open=lambda: call("open"), window_close=lambda: call("close")),
-        epoch_length=epoch_length,
-    )
-    if timeline.method == "whole-epochs":  # the first epoch is warm-up, later ones timed whole
-        skip = (taken[0], *[0] * (len(taken) - 1))
-    else:
-        skip = tuple(min(n, plan.warmup_batches) for n in taken)
-    counted = tuple(n - k for n, k in zip(taken, skip, strict=True))
-    reads = tuple((kind, counted[e] > 0 and skip[e] <= at < taken[e]) for kind, e, at in calls)
-    return Schedule(timeline.method, skip, counted, reads)
-
-
-def _counting(n: int, taken: list[int]) -> Iterator[int]:
-    for i in range(n):
-        taken[-1] += 1
-        yield i
 
 
 # --- the two sides ------------------------------------------------------------------------------
@@ -218,7 +159,7 @@ def _bare_epoch(
 
 
 @contextlib.contextmanager
-def ablated(arm: Arm) -> Iterator[list[tuple[str, float, float]] | None]:
+def ablated(arm: Arm) -> Iterator[list[tuple[str, float]] | None]:
     """Switch off the parts of feedrate that ``arm`` leaves out (patched for this call only);
     with the probe on, time its reads. Yields the read log, or None without a probe."""
     with contextlib.ExitStack() as stack:
@@ -329,6 +270,7 @@ def micro_costs() -> dict[str, Any]:
     return {
         "per_batch": costs.per_batch_cost(batch),
         "wrapper_per_sample": costs.wrapper_cost(loader),
+        "poller_interference": costs.poller_interference(loader),
     }
 
 
@@ -352,16 +294,24 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds, half-length runs")
-    ap.add_argument("--attribute", action="store_true", help="add ablation arms")
-    ap.add_argument("--rounds", type=int, help="rounds (default: 16, quick 6, attribute 8)")
+    ap.add_argument(
+        "--attribute",
+        nargs="*",
+        choices=[a.name for a in ABLATIONS],
+        help="add ablation arms (all when none named)",
+    )
+    ap.add_argument("--rounds", type=int, help="rounds (default: 14, quick 4, attribute 8)")
     ap.add_argument("--only", nargs="+", choices=[p.name for p in PIPELINES], help="pipelines")
     ap.add_argument("--render", metavar="JSON", help="summarize and render a saved run again")
     return ap.parse_args(argv)
 
 
 def make_bench(args: argparse.Namespace) -> Bench:
-    rounds = args.rounds or (8 if args.attribute else 6 if args.quick else 16)
-    arms = [BARE, FEEDRATE, *(ABLATIONS if args.attribute else ())]
+    attribute = args.attribute is not None
+    rounds = args.rounds or (8 if attribute else 4 if args.quick else 14)
+    named = args.attribute or [a.name for a in ABLATIONS]
+    ablations = [a for a in ABLATIONS if attribute and a.name in named]
+    arms = [BARE, FEEDRATE, *ablations]
     chosen = [p for p in PIPELINES if not args.only or p.name in args.only]
     return Bench(chosen, arms, rounds, args.quick)
 
@@ -373,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         show(report.summarize(record), Path(args.render).stem)
         return 0
     signal.signal(signal.SIGTERM, _on_sigterm)
-    started, load_before = time.perf_counter(), os.getloadavg()
+    started, meta = time.perf_counter(), _meta(argv)
     bench = make_bench(args)
     console.print(f"machine: {report.machine_line(bench.facts.to_dict())}")
     try:
@@ -384,11 +334,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         left = leftover_children()
         if left:
             console.print(f"[red]ended {len(left)} leftover worker processes: {left}")
-    meta = _meta(argv, time.perf_counter() - started)
-    meta["loadavg_1m"] = {"start": load_before[0], "end": os.getloadavg()[0]}
+    meta["wall_s"] = time.perf_counter() - started
+    meta["loadavg_1m"]["end"] = os.getloadavg()[0]
     record = report.summarize(report.build(bench, micro, meta))
-    show(record, "overhead-attribution" if args.attribute else "overhead")
+    show(record, _stem(args))
     return 0
+
+
+def _stem(args: argparse.Namespace) -> str:
+    """Results name: a quick or attribution run never overwrites the full run's results."""
+    return (
+        "overhead"
+        + ("" if args.attribute is None else "-attribution")
+        + ("-quick" if args.quick else "")
+    )
 
 
 def show(record: dict[str, Any], stem: str) -> None:
@@ -399,14 +358,25 @@ def show(record: dict[str, Any], stem: str) -> None:
     console.print(f"wall time {record['wall_s']:.0f} s; results in {report.RESULTS}/{stem}.*")
 
 
-def _meta(argv: Sequence[str] | None, wall_s: float) -> dict[str, Any]:
+def _meta(argv: Sequence[str] | None) -> dict[str, Any]:
+    """Facts about this run, taken at its start (the code measured is what was imported)."""
     args = list(sys.argv[1:] if argv is None else argv)
     return {
         "command": " ".join(["python", "benchmarks/overhead.py", *args]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "feedrate_version": feedrate.__version__,
-        "wall_s": wall_s,
+        "feedrate_commit": _git("rev-parse", "HEAD"),
+        "src_uncommitted_changes": bool(_git("status", "--porcelain", "src")),
+        "loadavg_1m": {"start": os.getloadavg()[0]},
     }
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
 
 
 if __name__ == "__main__":

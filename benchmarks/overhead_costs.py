@@ -11,7 +11,9 @@ same run as the span they burden, so a slow host slows both alike and the share 
 * per-batch bookkeeping: ``measure`` against the bare loop over a loader whose batches cost
   almost nothing, the probe left out (``per_batch_cost``);
 * the index-reporting wrapper: DataLoader's own fetcher over the wrapped and the plain dataset
-  (``wrapper_cost``).
+  (``wrapper_cost``);
+* the poller thread's effect on a loop that runs on the measuring thread alone, GIL included:
+  alternating one-second slices with and without a probe (``poller_interference``).
 """
 
 from __future__ import annotations
@@ -33,10 +35,9 @@ from feedrate.failures import IndexReportingDataset
 from feedrate.measuring import count_samples
 from feedrate.probe import ProbeReport, ProcessProbe
 
-# The modules themselves: the package re-exports a function named ``measure``.
+# The modules themselves, to patch the probe ``measure`` uses.
 MEASURE = importlib.import_module("feedrate.measuring")
 PROBE = importlib.import_module("feedrate.probe")
-_memory = PROBE._memory
 
 
 class TimedProbe(ProcessProbe):
@@ -85,7 +86,7 @@ def timed_reads(
     if [kind for kind, _ in log] != [kind for kind, _ in reads]:
         raise RuntimeError(f"probe calls {[k for k, _ in log]} differ from the schedule {reads}")
     inside = [(kind, s) for (kind, s), (_, t) in zip(log, reads, strict=True) if t]
-    closes = sorted(s for kind, s in inside if kind == "close")
+    closes = sorted(s for kind, s in log if kind == "close")
     return {
         "reads_s": sum(s for _, s in inside),
         "close_median_s": closes[len(closes) // 2] if closes else 0.0,
@@ -179,6 +180,52 @@ def per_batch_cost(batch: Any, n: int = 20_000, repeats: int = 7) -> dict[str, f
             )
         fr.append(m.window.seconds / m.window.batches)
     return {"bare_s": min(bare), "measure_s": min(fr), "added_s": min(fr) - min(bare)}
+
+
+# --- the poller thread's effect on the measuring thread ------------------------------------------
+
+
+def _forever(loader: DataLoader[Any]) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def _slice_rate(it: Iterator[Any], batches: int, default: int) -> float:
+    seconds, samples = bare_loop(it, 0, batches, default, start=time.perf_counter())
+    return samples / seconds
+
+
+def _slice_with_probe(it: Iterator[Any], batches: int, default: int) -> float:
+    with ProcessProbe() as probe:
+        probe.attach(it)
+        probe.window_open(time.perf_counter())
+        rate = _slice_rate(it, batches, default)
+        probe.window_close(time.perf_counter())
+    return rate
+
+
+def poller_interference(
+    loader: DataLoader[Any], batches: int = 1000, pairs: int = 12
+) -> dict[str, Any]:
+    """How much the probe's poller thread (shm polls, memory reads, the GIL it takes) slows a
+    loop that runs on the measuring thread alone (``num_workers=0``): slices of ``batches``
+    batches (about 1 s for the tabular example) with a probe in a window around them, against
+    slices without, alternating (ABBA) so that drift cancels. The median ratio and its range."""
+    default, it = loader.batch_size or 1, _forever(loader)
+    ratios = []
+    for k in range(pairs):
+        if k % 2 == 0:
+            bare, probed = (
+                _slice_rate(it, batches, default),
+                _slice_with_probe(it, batches, default),
+            )
+        else:
+            probed, bare = (
+                _slice_with_probe(it, batches, default),
+                _slice_rate(it, batches, default),
+            )
+        ratios.append(probed / bare)
+    return {"ratio_median": statistics.median(ratios), "ratios": ratios, "batches": batches}
 
 
 # --- the index-reporting wrapper ----------------------------------------------------------------

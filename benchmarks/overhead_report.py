@@ -47,9 +47,11 @@ def _pipeline(bench: Bench, p: Pipeline) -> dict[str, Any]:
         "target": p.target,
         "config": p.config.to_dict(),
         "config_label": p.config.label(),
-        "batches_per_run": sum(sched.steady),
-        "warmup_batches_per_epoch": sched.warmup,
-        "steady_batches_per_epoch": list(sched.steady),
+        "batches_per_run": sched.batches,
+        "method": sched.method,
+        "discarded_batches_per_epoch": list(sched.skip),
+        "counted_batches_per_epoch": list(sched.counted),
+        "probe_attaches_timed": sched.timed("attach"),
         "probe_opens_timed": sched.timed("open"),
         "probe_closes_timed": sched.timed("close"),
     }
@@ -192,12 +194,12 @@ def _rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 ACCOUNTING_PARTS = (
-    ("probe_reads", "probe reads at window boundaries"),
-    ("probe_memory_reads", "  of which memory_full_info"),
-    ("probe_thread", "/dev/shm polling thread"),
+    ("probe_reads", "probe calls on the measuring thread"),
+    ("probe_thread", "probe poller thread (CPU)"),
+    ("probe_memory_reads", "  of which memory_full_info reads (wall)"),
     ("per_batch", "per-batch bookkeeping + watchdog"),
     ("wrapper", "index-reporting wrapper"),
-    ("total", "total (upper bound)"),
+    ("total", "total instrumentation time"),
 )
 
 
@@ -207,9 +209,20 @@ def _accounting_rows(data: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for key, label in ACCOUNTING_PARTS:
         rows.append([label, *[f"{data['pipelines'][n]['accounting'][key]:.2%}" for n in names]])
-    close = [f"{data['pipelines'][n]['accounting']['window_close_ms']:.1f} ms" for n in names]
-    timed = [str(data["pipelines"][n]["probe_closes_timed"]) for n in names]
-    rows += [["one window-close read (median)", *close], ["window closes inside the span", *timed]]
+    pipes = [data["pipelines"][n] for n in names]
+    close = [f"{p['accounting']['window_close_ms']:.1f} ms" for p in pipes]
+    timed = [
+        f"{p['probe_attaches_timed']}/{p['probe_opens_timed']}/{p['probe_closes_timed']}"
+        for p in pipes
+    ]
+    rows += [
+        ["one window close (median)", *close],
+        ["attach/open/close calls inside the span", *timed],
+    ]
+    poller = data["micro_costs"].get("poller_interference")
+    if poller:
+        cell = f"{1 - poller['ratio_median']:+.2%} (paired 1 s slices, w=0)"
+        rows.append(["poller slowing the measuring thread, direct", cell, *[""] * (len(names) - 1)])
     return head, rows
 
 
@@ -243,12 +256,14 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     return "\n".join(
         [
-            f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
+            f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']} "
+            f"({_commit(data)}), "
             f"{data['rounds']} rounds (ABBA), {data['wall_s']:.0f} s",
             "",
             "Cells: median samples/s (median ratio to bare, min–max over rounds). overhead = "
-            "1 − median ratio, with a 90 % bootstrap interval over rounds; accounted = "
-            "instrumentation time inside the measured span (an upper bound, see below).",
+            "1 − median ratio, with a 90 % bootstrap interval over rounds; accounted = the "
+            "instrumentation's own time inside the measured span (measuring-thread time plus the "
+            "poller thread's CPU), which leaves out interference such as GIL hand-offs.",
             "",
             *_md(*_rows(data)),
             "",
@@ -262,6 +277,11 @@ def markdown(data: dict[str, Any]) -> str:
             "",
         ]
     )
+
+
+def _commit(data: dict[str, Any]) -> str:
+    sha = (data.get("feedrate_commit") or "unknown commit")[:10]
+    return f"{sha} + uncommitted src changes" if data.get("src_uncommitted_changes") else sha
 
 
 def _load(load: dict[str, float]) -> str:

@@ -154,7 +154,7 @@ def _memory(proc: psutil.Process, fig: ProcessFigures) -> None:
 
 
 #: The memory poller waits this many times as long as its last pass took before the next one.
-MEMORY_DUTY = 50
+MEMORY_DUTY = 200
 
 
 class ProcessProbe:
@@ -198,14 +198,15 @@ class ProcessProbe:
     def _poll(self) -> None:
         self._probe_tid = threading.get_native_id()
         while not self._stop.wait(self._shm_interval):
-            used = shm_used_bytes(self._shm_path)
+            # Without workers nothing goes through /dev/shm: skip the system call.
+            used = shm_used_bytes(self._shm_path) if self._workers else None
             if used is not None and (self._shm_peak is None or used > self._shm_peak):
                 self._shm_peak = used
             now = time.monotonic()
             if self._in_window and now >= self._memory_due:
                 self._read_memory()
                 took = time.monotonic() - now
-                # Reading smaps costs real CPU (kernel time, per process): keep it to ~2% duty.
+                # Reading smaps costs real CPU (kernel time, per process): keep it to ~0.5% duty.
                 self._memory_due = now + max(self._memory_interval, MEMORY_DUTY * took)
 
     def _read_memory(self) -> None:
