@@ -233,7 +233,8 @@ class ProcessProbe:
             fig.pid = pid
             with self._lock:
                 self._workers[worker_id] = (handle, fig)
-        self._memory_due = 0.0  # new processes: read their memory at the next poll
+        if any(fig.uss_bytes is None for _, fig in self._workers.values()):
+            self._memory_due = 0.0  # a worker never read yet: read at the next poll
         pin = getattr(iterator, "_pin_memory_thread", None)
         if pin is not None:
             self._pin_tid = getattr(pin, "native_id", None)
