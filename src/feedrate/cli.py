@@ -192,16 +192,23 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _consumer_options(fn: F) -> F:
+    """--rate, --step-time and --step: what the loader must keep up with (tune and doctor)."""
+    fn = click.option(
+        "--step",
+        "step_spec",
+        metavar="FILE:FUNC",
+        help="A real training step: a callable taking a batch.",
+    )(fn)
+    fn = click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")(fn)
+    return click.option(
+        "--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator)."
+    )(fn)
+
+
 @cli.command()
 @click.argument("target")
-@click.option("--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator).")
-@click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")
-@click.option(
-    "--step",
-    "step_spec",
-    metavar="FILE:FUNC",
-    help="A real training step: a callable taking a batch.",
-)
+@_consumer_options
 @click.option(
     "--budget-s", type=float, default=60.0, show_default=True, help="Seconds the search may take."
 )
@@ -275,14 +282,7 @@ def tune(
 
 @cli.command()
 @click.argument("target")
-@click.option("--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator).")
-@click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")
-@click.option(
-    "--step",
-    "step_spec",
-    metavar="FILE:FUNC",
-    help="A real training step: a callable taking a batch.",
-)
+@_consumer_options
 @click.option(
     "--check",
     "check_ids",

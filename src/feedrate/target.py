@@ -87,24 +87,24 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
     A file already imported under its stem is reused, not executed again.
     Raises TargetError for every failure; KeyboardInterrupt propagates.
     """
+    target, value = _load_object(spec)
+    return _as_loader(value, target)
+
+
+def _load_object(spec: str | TargetSpec) -> tuple[TargetSpec, object]:
+    """Import the TARGET's file or module and look NAME up in it."""
     target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
     if target.kind == "file":
         module = _import_file(target)
     else:
         module = _run_user(target, "importing it", lambda: _import_module(target.location))
-    value = _run_user(target, "getting it", lambda: _resolve(module, target))
-    return _as_loader(value, target)
+    return target, _run_user(target, "getting it", lambda: _resolve(module, target))
 
 
 def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
     """Import a training step ``FILE.py:FUNC`` or ``package.module:FUNC``: a callable taking one
     batch. Errors as for ``load_target`` (TargetError, one line)."""
-    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
-    if target.kind == "file":
-        module = _import_file(target)
-    else:
-        module = _run_user(target, "importing it", lambda: _import_module(target.location))
-    value = _run_user(target, "getting it", lambda: _resolve(module, target))
+    target, value = _load_object(spec)
     if not callable(value):
         raise TargetError(f"{target} is {_a(value)}, not a callable taking a batch")
     try:
