@@ -220,24 +220,30 @@ class _Run:
     def confirm(self, baseline: Trial) -> None:
         """Measure the leader again, with its closest rival and your settings, interleaved, and
         pool the windows: one lucky window should not pick the answer, and the speed-up over
-        your settings should compare measurements taken side by side."""
+        your settings should compare measurements taken side by side. When pooling changes the
+        leader, the new one is measured again too (at most twice more), within the budget."""
         if self.space.consumer or self.partial_reason is not None:
             return
-        best = search.choose(self.space, self.trials)
-        if best is None:
-            return
-        rivals = sorted(
-            (t for t in self.trials if t.measured and t is not best and t is not baseline),
-            key=lambda t: -t.median,
-        )
-        close = [t for t in rivals[:1] if t.median >= best.median * (1 - CONFIRM_WITHIN)]
-        for t in [best, *close, baseline]:
-            if t is best and t is baseline:
-                continue
-            if self.elapsed() + self.last_trial_s > self.budget_s:
+        again: set[int] = set()
+        for round_ in range(3):
+            best = search.choose(self.space, self.trials)
+            if best is None or id(best) in again:
                 return
-            again = self.trial(t.config, "measured again, side by side", record=False)
-            t.pool(again)
+            group = [best]
+            if round_ == 0:
+                rivals = sorted(
+                    (t for t in self.trials if t.measured and t is not best and t is not baseline),
+                    key=lambda t: -t.median,
+                )
+                group += [t for t in rivals[:1] if t.median >= best.median * (1 - CONFIRM_WITHIN)]
+                group.append(baseline)
+            for t in group:
+                if id(t) in again:
+                    continue
+                if self.elapsed() + self.last_trial_s > self.budget_s:
+                    return
+                t.pool(self.trial(t.config, "measured again, side by side", record=False))
+                again.add(id(t))
 
     def trial(
         self, config: LoaderConfig, why: str, *, fatal: bool = False, record: bool = True
