@@ -38,13 +38,12 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal
 from unittest import mock
 
 import overhead_costs as costs
 import overhead_report as report
-import psutil
+from common import leftover_children, machine_line, on_sigterm
 from overhead_schedule import WINDOWS, Schedule, plan_schedule
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -277,20 +276,6 @@ def micro_costs() -> dict[str, Any]:
 # --- entry point --------------------------------------------------------------------------------
 
 
-def leftover_children() -> list[int]:
-    """Worker processes still alive (there should be none); ends them so none outlive us."""
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.terminate()
-    psutil.wait_procs(children, timeout=2.0)
-    return [c.pid for c in children]
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # so every finally block runs and workers are stopped
-
-
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds, half-length runs")
@@ -322,10 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = json.loads(Path(args.render).read_text())
         show(report.summarize(record), Path(args.render).stem)
         return 0
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     started, meta = time.perf_counter(), _meta(argv)
     bench = make_bench(args)
-    console.print(f"machine: {report.machine_line(bench.facts.to_dict())}")
+    console.print(f"machine: {machine_line(bench.facts.to_dict())}")
     try:
         bench.prepare()
         run_rounds(bench)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common import machine_line
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -157,15 +158,6 @@ def _accounting(runs: list[dict[str, Any]], micro: dict[str, Any]) -> dict[str, 
 
 
 # --- rendering ----------------------------------------------------------------------------------
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    gib = (m.get("memory_total_bytes") or 0) / 2**30
-    return (
-        f"{m['cpus_usable']} usable CPUs (of {m['cpu_count']}), {gib:.1f} GiB RAM, "
-        f"{m['platform']}, Python {m['python_version']}, torch {m['torch_version']}, "
-        f"start method {m['start_method']}, accelerator {m['accelerator']}"
-    )
 
 
 def _arm_cell(entry: dict[str, Any]) -> str:

@@ -26,7 +26,6 @@ keeps what it finished): ``benchmarks/results/tune_vs_grid.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -38,11 +37,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-import psutil
 import tune_vs_grid_report as report
+from common import leftover_children, machine_line, on_sigterm
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
@@ -306,20 +304,6 @@ def bench_pipeline(bench: Bench, p: Pipeline, ui: report.Ui) -> dict[str, Any]:
 # --- entry point --------------------------------------------------------------------------------
 
 
-def leftover_children() -> list[int]:
-    """Worker processes still alive (there should be none); ends them so none outlive us."""
-    children = psutil.Process().children(recursive=True)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.terminate()
-    psutil.wait_procs(children, timeout=2.0)
-    return [c.pid for c in children]
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # so every finally block runs and workers are stopped
-
-
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller grid (8 worker counts, pf 2,4)")
@@ -388,10 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads(Path(args.render).read_text())
         console.print(report.markdown(data))
         return 0
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, on_sigterm)
     began = time.perf_counter()
     bench = Bench(args.names, args.quick, args.out, args.rounds)
-    console.print(f"machine: {report.machine_line(bench.facts.to_dict())}")
+    console.print(f"machine: {machine_line(bench.facts.to_dict())}")
     try:
         run(bench, argv, began)
     except KeyboardInterrupt:

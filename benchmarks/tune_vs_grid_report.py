@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from common import machine_line
 from rich.progress import Progress
 
 from feedrate.config import LoaderConfig
@@ -27,15 +28,6 @@ def write(data: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{STEM}.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / f"{STEM}.md").write_text(markdown(data))
-
-
-def machine_line(m: dict[str, Any]) -> str:
-    gib = (m.get("memory_total_bytes") or 0) / 2**30
-    return (
-        f"{m['cpus_usable']} usable CPUs (of {m['cpu_count']}), {gib:.1f} GiB RAM, "
-        f"{m['platform']}, Python {m['python_version']}, torch {m['torch_version']}, "
-        f"start method {m['start_method']}, accelerator {m['accelerator']}"
-    )
 
 
 def _mark(ok: bool) -> str:

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from feedrate.config import is_iterable_style, quiet_worker_count_warning
 from feedrate.errors import PipelineError, PipelineTimeoutError
 from feedrate.failures import Watchdog, explain, quiesce, stop_workers
+from feedrate.forwarding import Forwarding
 from feedrate.inspect_dataset import digest, draw, generators
 from feedrate.machine import THREAD_ENV_VARS
 
@@ -55,33 +56,6 @@ class _TimedInit:
         if self.fn is not None:
             self.fn(worker_id)
         _init_seconds = time.perf_counter() - began
-
-
-class _Forwarding:
-    """Attribute reads and writes go to the user's dataset, so a ``worker_init_fn`` that
-    configures ``get_worker_info().dataset`` (sharding, reseeding) configures the real one."""
-
-    def __init__(self, inner: Any, **own: Any) -> None:
-        object.__setattr__(self, "_feedrate_inner", inner)
-        for name, value in own.items():
-            object.__setattr__(self, name, value)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Spawned workers unpickle this: rebuild it without going through __setattr__.
-        own = {k: v for k, v in self.__dict__.items() if k != "_feedrate_inner"}
-        return (_rebuild, (type(self), self._feedrate_inner, own))
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_feedrate_inner":
-            raise AttributeError(name)
-        return getattr(self._feedrate_inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._feedrate_inner, name, value)
-
-
-def _rebuild(cls: type[_Forwarding], inner: Any, own: dict[str, Any]) -> _Forwarding:
-    return cls(inner, **own)
 
 
 @dataclass
@@ -130,7 +104,7 @@ def _look(dataset: Any) -> WorkerView:
     )
 
 
-class _Inspect(_Forwarding, Dataset[WorkerView]):
+class _Inspect(Forwarding, Dataset[WorkerView]):
     """Item ``i`` is a look at worker ``i`` (DataLoader hands indices to workers in turn)."""
 
     def __len__(self) -> int:
@@ -140,7 +114,7 @@ class _Inspect(_Forwarding, Dataset[WorkerView]):
         return _look(self._feedrate_inner)
 
 
-class _Tagged(_Forwarding, IterableDataset[tuple[int, str]]):
+class _Tagged(Forwarding, IterableDataset[tuple[int, str]]):
     """Iterates the user's IterableDataset in a worker; yields (worker id, item digest)."""
 
     def __iter__(self) -> Iterator[tuple[int, str]]:

@@ -26,6 +26,7 @@ import psutil
 from torch.utils.data import Dataset
 
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.forwarding import Forwarding
 
 _NOTE = "feedrate: while loading sample index "
 
@@ -36,16 +37,10 @@ def _note(exc: BaseException, where: object) -> None:
         add_note(f"{_NOTE}{where}")
 
 
-class IndexReportingDataset(Dataset[Any]):
+class IndexReportingDataset(Forwarding, Dataset[Any]):
     """A map-style dataset that behaves exactly like ``inner`` (indexing, ``len``, attribute reads
     and writes) and notes the failing index on exceptions. Its ``__getitems__`` keeps ``inner``'s
     own ``__getitems__`` when it has one, else fetches one by one as DataLoader does."""
-
-    def __init__(self, inner: Any) -> None:
-        object.__setattr__(self, "_feedrate_inner", inner)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (IndexReportingDataset, (self._feedrate_inner,))
 
     def __len__(self) -> int:
         return len(self._feedrate_inner)
@@ -75,14 +70,6 @@ class IndexReportingDataset(Dataset[Any]):
             _note(exc, index)
             raise
         return out
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_feedrate_inner":
-            raise AttributeError(name)
-        return getattr(self._feedrate_inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._feedrate_inner, name, value)
 
 
 class Watchdog:

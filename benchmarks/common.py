@@ -1,0 +1,33 @@
+"""Helpers shared by the benchmark scripts: the machine line of a report, and making sure no
+worker outlives a run (SIGTERM behaves like Ctrl-C, leftover children are ended)."""
+
+from __future__ import annotations
+
+import contextlib
+from types import FrameType
+from typing import Any
+
+import psutil
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    gib = (m.get("memory_total_bytes") or 0) / 2**30
+    return (
+        f"{m['cpus_usable']} usable CPUs (of {m['cpu_count']}), {gib:.1f} GiB RAM, "
+        f"{m['platform']}, Python {m['python_version']}, torch {m['torch_version']}, "
+        f"start method {m['start_method']}, accelerator {m['accelerator']}"
+    )
+
+
+def leftover_children() -> list[int]:
+    """Worker processes still alive (there should be none); ends them so none outlive us."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    psutil.wait_procs(children, timeout=2.0)
+    return [c.pid for c in children]
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # so every finally block runs and workers are stopped
