@@ -178,6 +178,19 @@ def test_consumer_mode_gives_up_when_cpu_bound_and_not_gaining() -> None:
     assert best.stall_fraction is not None and best.stall_fraction > STALL_MARGIN
 
 
+def test_consumer_mode_unfed_picks_cheapest_within_noise_of_least_stall() -> None:
+    # Nothing keeps a consumer of 1000 samples/s fed; 4 workers stall a hair less than none,
+    # well within the noise: paying for 4 workers buys nothing, so the answer is 0.
+    noisy = 0.05
+    none = make_trial(LoaderConfig(0), "a", Figures(640, 1.0, 0.0, noise=noisy), 1000.0)
+    four = make_trial(LoaderConfig(4), "b", Figures(660, 0.5, 0.3, noise=noisy), 1000.0)
+    far = make_trial(LoaderConfig(8), "c", Figures(500, 0.5, 0.3, noise=noisy), 1000.0)
+    assert (four.stall_fraction or 0) < (none.stall_fraction or 0)
+    assert choose(space(consumer=True), [four, far, none]) is none
+    much = make_trial(LoaderConfig(4), "d", Figures(900, 0.5, 0.3, noise=noisy), 1000.0)
+    assert choose(space(consumer=True), [none, much, far]) is much
+
+
 def test_choose_prefers_cheapest_within_noise() -> None:
     f = Figures(1000, 0.1, 0.1, noise=0.05)
     a = make_trial(LoaderConfig(8), "a", f, None)

@@ -82,8 +82,9 @@ def reason(space: Space, best: Trial, baseline: Trial, consumer: str | None) -> 
                 f"{best.stall_fraction or 0:.0%}."
             )
         return (
-            f"No configuration tried keeps {consumer} fed on this machine; {w} workers stall "
-            f"least ({best.stall_fraction or 0:.0%} of the time waiting for data)."
+            f"No configuration tried keeps {consumer} fed on this machine; {w} workers are the "
+            f"fewest within the noise of the least stall ({best.stall_fraction or 0:.0%} of the "
+            "time waiting for data)."
         )
     kind = bottleneck(best, cpus)
     if kind == "no-workers":

@@ -324,7 +324,9 @@ _consumer_steps = (_anchor_none, _double, _bisect)
 
 def choose(space: Space, trials: list[Trial]) -> Trial | None:
     """The recommendation: with a consumer the fewest workers (then least memory) that keep it
-    fed, else the one that stalls least; without, the cheapest within the noise of the fastest."""
+    fed; without one, or when none keeps it fed, the cheapest within the noise of the fastest
+    (with a consumer its rate is what it delivered to the consumer, so the fastest stalls least
+    and a stall a few points lower is no reason to pay for more workers)."""
     measured = [t for t in trials if t.measured]
     if not measured:
         return None
@@ -332,7 +334,6 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
         fed = [t for t in measured if covers(t)]
         if fed:
             return min(fed, key=lambda t: (t.config.num_workers, t.memory_bytes))
-        return min(measured, key=lambda t: (t.stall_fraction or 1.0, -t.median))
     top = max(measured, key=lambda t: t.median)
     equal = [t for t in measured if not beats(top, t)]
     return min(

@@ -107,13 +107,14 @@ def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
     target, value = _load_object(spec)
     if not callable(value):
         raise TargetError(f"{target} is {_a(value)}, not a callable taking a batch")
+    step: Callable[[Any], object] = value
     try:
-        inspect.signature(value).bind(object())
+        inspect.signature(step).bind(object())
     except TypeError as exc:
         raise TargetError(f"{target} must take exactly one argument, the batch ({exc})") from None
     except ValueError:
         pass  # no signature to check (a builtin): trust it
-    return value  # type: ignore[no-any-return]
+    return step
 
 
 def _import_file(target: TargetSpec) -> ModuleType:
