@@ -223,3 +223,54 @@ class RandomStream(IterableDataset[torch.Tensor]):
     def __iter__(self):  # type: ignore[no-untyped-def]
         for _ in range(self.n):
             yield torch.from_numpy(self.rng.standard_normal(4))
+
+
+class WhereDataset(TinyDataset):
+    """Each sample says where it was fetched: (index, process id, thread name)."""
+
+    def __getitem__(self, index: int) -> tuple[int, int, str]:  # type: ignore[override]
+        import threading
+
+        time.sleep(0.001)
+        return index, os.getpid(), threading.current_thread().name
+
+
+class BatchedReadDataset(TinyDataset):
+    """Defines its own ``__getitems__`` (one batched read) and counts its calls in a file-free
+    way: the chunks it was asked for are returned alongside the samples."""
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[int, int]]:
+        first = indices[0]
+        return [(i, first) for i in indices]
+
+
+class OpenFileDataset(TinyDataset):
+    """Holds an open file that every sample seeks and reads: unsafe on threads."""
+
+    def __init__(self, path: str, n: int = 64) -> None:
+        super().__init__(n)
+        self.handle = open(path, "rb")  # noqa: SIM115 - held on purpose
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.handle.seek(index)
+        return torch.tensor(list(self.handle.read(1)))
+
+
+class RacyDataset(TinyDataset):
+    """Keeps per-call state on the dataset object: correct one at a time, wrong on threads."""
+
+    def __init__(self, n: int = 64) -> None:
+        super().__init__(n)
+        self.current = 0
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.current = index
+        time.sleep(0.002)
+        return torch.full((2,), float(self.current))
+
+
+class NoisyDataset(TinyDataset):
+    """Random augmentation from the global generator: never the same sample twice."""
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(4)

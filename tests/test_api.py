@@ -14,6 +14,7 @@ def test_public_names_are_pinned() -> None:
         "PipelineError",
         "PipelineTimeoutError",
         "Report",
+        "SampleFetchError",
         "TargetError",
         "Trial",
         "TuneResult",
@@ -26,6 +27,7 @@ def test_public_names_are_pinned() -> None:
         "machine_facts",
         "measure",
         "rebuild",
+        "threaded",
         "tune",
     ]
     for name in feedrate.__all__:

@@ -17,6 +17,7 @@ import pytest
 from feedrate.cli import main
 
 TESTS = Path(__file__).parent
+EXAMPLES = TESTS.parent / "examples"
 
 
 def write_target(tmp_path: Path, body: str, name: str = "pipe.py") -> Path:
@@ -346,3 +347,23 @@ def test_doctor_failing_pipeline_prints_the_report_and_exits_3(
         main(["report", str(out)])
     assert info.value.code == 0
     assert "check-failed" in capsys.readouterr().out
+
+
+def test_tune_threads_on_the_remote_example(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"),
+        "FEEDRATE_EXAMPLE_LATENCY_MS": "4",
+    }
+    plot = tmp_path / "t.png"
+    args = ["tune", str(EXAMPLES / "remote.py") + ":loader", "--threads", "--max-workers", "8"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "feedrate", *args, "--budget-s", "40", "--plot", str(plot)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "DataLoader(feedrate.threaded(dataset, 16)" in proc.stdout.replace("\n", "")
+    assert plot.read_bytes().startswith(b"\x89PNG")

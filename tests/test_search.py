@@ -96,7 +96,9 @@ def latency_bound(per_worker: float = 100.0, ceiling: float = 5_000.0) -> Model:
         if w == 0:
             return Figures(per_worker * 0.95, 0.05, 0.0)
         bonus = 1.15 if (cfg.prefetch_factor or 2) > 2 else 1.0
-        return Figures(min(w * per_worker * bonus, ceiling), min(0.9, w * 0.01), 0.03)
+        # Threads overlap waits inside a worker as workers do, at a little CPU each.
+        rate = min(w * cfg.threads * per_worker * bonus, ceiling)
+        return Figures(rate, min(0.9, w * 0.01), 0.03 * cfg.threads**0.5)
 
     return model
 
@@ -247,3 +249,35 @@ def test_consumer_mode_stops_doubling_when_the_stall_stops_falling() -> None:
     best, trials = run(space(cpus=2, consumer=True), latency_bound(ceiling=500), consumer=1000.0)
     assert max(t.config.num_workers for t in trials) <= 16
     assert best.stall_fraction is not None and best.stall_fraction >= 0.45
+
+
+def test_threads_measured_once_but_not_recommended_without_leave() -> None:
+    best, trials = run(space(cpus=2, max_threads=16), latency_bound())
+    threaded = [t for t in trials if t.config.threads > 1]
+    assert len(threaded) == 1 and threaded[0].config.threads == 16
+    assert best.config.threads == 1 and best.config.num_workers >= 40
+
+
+def test_threads_recommended_with_leave_and_few_workers() -> None:
+    best, trials = run(space(cpus=2, max_threads=16, allow_threads=True), latency_bound())
+    assert best.config.threads == 16 and best.config.num_workers <= 4
+    # Once a few threaded workers beat every process count, the processes stop growing.
+    assert max(t.config.num_workers for t in trials if t.config.threads == 1) <= 16
+
+
+def test_threads_never_tried_on_a_cpu_bound_pipeline() -> None:
+    _, trials = run(space(cpus=2, max_threads=16, allow_threads=True), cpu_bound(2))
+    assert all(t.config.threads == 1 for t in trials)
+
+
+def test_threads_not_tried_where_they_cannot_apply() -> None:
+    _, trials = run(space(cpus=2, max_threads=1, allow_threads=True), latency_bound())
+    assert all(t.config.threads == 1 for t in trials)
+
+
+def test_consumer_mode_fed_by_one_threaded_worker() -> None:
+    s = space(cpus=2, consumer=True, max_threads=16, allow_threads=True)
+    best, trials = run(s, latency_bound(per_worker=100), consumer=1000.0)
+    # One worker on 16 threads gives 1,600 samples/s: fed, with fewer workers than 10.
+    assert best.config.num_workers == 1 and best.config.threads == 16
+    assert max(t.config.num_workers for t in trials) <= 2

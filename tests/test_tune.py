@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 from torch.utils.data import DataLoader
 
+import feedrate
+import feedrate.fetching
 from feedrate.config import LoaderConfig
 from feedrate.errors import PipelineError, UserError
 from feedrate.results import TUNE_SCHEMA, TuneResult
 from feedrate.tuning import tune
 
-from pipelines import EmptyDataset, FailingDataset, SleepDataset, TinyDataset
+from pipelines import EmptyDataset, FailingDataset, RacyDataset, SleepDataset, TinyDataset
 
 FAST = {"trial_seconds": 0.5, "use_cache": False}
 
@@ -57,6 +59,35 @@ def test_consumer_step_time_picks_the_fewest_workers_that_keep_it_fed() -> None:
     assert 2 <= r.best.config.num_workers <= 4
     assert r.baseline.stall_fraction is not None and r.baseline.stall_fraction > 0.3
     assert "fewest" in r.reason or "stall least" in r.reason
+
+
+def test_threads_with_leave_recommend_few_threaded_workers() -> None:
+    # 4 ms waits, 16 samples a batch: 2 workers on 16 threads keep 32 waits in flight, twice
+    # what the 16 processes allowed here can.
+    loader = DataLoader(SleepDataset(8192, sleep_s=0.004), batch_size=16)
+    r = tune(loader, budget_s=60, max_workers=16, allow_threads=True, **FAST)
+    assert r.best.config.threads == 16 and r.best.config.num_workers <= 8
+    assert r.code.startswith("DataLoader(feedrate.threaded(dataset, 16), batch_size=16")
+    assert any(f.id == "threads-chosen" for f in r.findings)
+    assert isinstance(r.loader().dataset, feedrate.fetching.Threaded)
+
+
+def test_threads_without_leave_are_measured_and_reported_not_chosen() -> None:
+    loader = DataLoader(SleepDataset(8192, sleep_s=0.004), batch_size=16)
+    r = tune(loader, budget_s=60, max_workers=16, **FAST)
+    assert r.best.config.threads == 1
+    assert sum(t.config.threads > 1 for t in r.trials) == 1
+    found = [f for f in r.findings if f.id == "threads-would-help"]
+    assert found, [(t.config.label(), t.median, t.error) for t in r.trials]
+    assert "--threads" in found[0].fix and "matched" in found[0].message
+
+
+def test_a_dataset_unsafe_on_threads_blocks_them() -> None:
+    loader = DataLoader(RacyDataset(4096), batch_size=16)
+    r = tune(loader, budget_s=40, max_workers=8, allow_threads=True, **FAST)
+    assert all(t.config.threads == 1 for t in r.trials)
+    found = [f for f in r.findings if f.id == "threads-unsafe"]
+    assert found and "different when fetched on threads" in found[0].message
 
 
 def test_json_round_trip_schema_and_loader() -> None:

@@ -5,6 +5,7 @@ m = feedrate.measure(loader, feedrate.LoaderConfig(num_workers=4))
 print(m.samples_per_s, m.spread.rel, m.startup_s)
 report = feedrate.doctor(loader)             # what is wrong or risky, with the fix
 print([(f.severity, f.id) for f in report.findings])
+loader = DataLoader(feedrate.threaded(dataset, 16), batch_size=16, num_workers=2)  # waits on I/O
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from feedrate.errors import (
     UserError,
     WorkerKilledError,
 )
+from feedrate.fetching import SampleFetchError, threaded
 from feedrate.machine import MachineFacts
 from feedrate.machine import collect as machine_facts
 from feedrate.measuring import measure
@@ -37,6 +39,7 @@ __all__ = [
     "PipelineError",
     "PipelineTimeoutError",
     "Report",
+    "SampleFetchError",
     "TargetError",
     "Trial",
     "TuneResult",
@@ -49,5 +52,6 @@ __all__ = [
     "machine_facts",
     "measure",
     "rebuild",
+    "threaded",
     "tune",
 ]

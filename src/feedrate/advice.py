@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from feedrate.config import LoaderConfig
 from feedrate.results import Trial
-from feedrate.search import Space, beats, bottleneck, covers, fastest
+from feedrate.search import Space, beats, bottleneck, covers, fastest, series
 
 #: persistent_workers pays when restarting workers costs at least this share of an epoch...
 PERSISTENT_SHARE = 0.01
@@ -71,7 +71,13 @@ def apply_persistent(best: Trial, judgement: dict[str, Any]) -> LoaderConfig:
     return replace(best.config, persistent_workers=bool(judgement["recommended"]))
 
 
-def reason(space: Space, best: Trial, baseline: Trial, consumer: str | None) -> str:
+def reason(
+    space: Space,
+    best: Trial,
+    baseline: Trial,
+    consumer: str | None,
+    trials: list[Trial] | None = None,
+) -> str:
     """One sentence: why this configuration."""
     w, cpus = best.config.num_workers, space.cpus
     if consumer is not None:
@@ -87,6 +93,21 @@ def reason(space: Space, best: Trial, baseline: Trial, consumer: str | None) -> 
             "time waiting for data)."
         )
     kind = bottleneck(best, cpus)
+    t = best.config.threads
+    if t > 1:
+        procs = [x for x in series(space, trials or []) if x.config.num_workers > 0]
+        rival = max(procs, key=lambda x: x.median, default=None)
+        than = (
+            f" ({best.median / rival.median:.1f}× the fastest processes-only setting tried, "
+            f"{rival.config.num_workers} workers)"
+            if rival is not None and rival.median > 0
+            else ""
+        )
+        return (
+            f"Fetching waits, not computing: {w} worker{'s' if w != 1 else ''} each keeping "
+            f"{t} requests in flight on threads overlap the waits for a fraction of the "
+            f"memory of one process per request{than}."
+        )
     if kind == "no-workers":
         return (
             "No workers measured fastest: handing samples to worker processes cost more in "
@@ -113,7 +134,7 @@ def reason(space: Space, best: Trial, baseline: Trial, consumer: str | None) -> 
 
 def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
     """A ``DataLoader(...)`` line with the loader's batching and the recommended settings."""
-    parts = ["dataset"]
+    parts = [f"feedrate.threaded(dataset, {config.threads})" if config.threads > 1 else "dataset"]
     custom_batches = loader.batch_size is None and loader.batch_sampler is not None
     if custom_batches:
         parts.append("batch_sampler=batch_sampler")

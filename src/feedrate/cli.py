@@ -221,6 +221,13 @@ def _consumer_options(fn: F) -> F:
 @click.option(
     "--allow-reorder", is_flag=True, help="Allow in_order=False (batches in completion order)."
 )
+@click.option(
+    "--threads",
+    "allow_threads",
+    is_flag=True,
+    help="Allow recommending threads inside workers (feedrate.threaded): needs a thread-safe "
+    "__getitem__, which a check tests first.",
+)
 @click.option("--fresh", is_flag=True, help="Measure again even if a cached result exists.")
 @click.option(
     "--json",
@@ -249,6 +256,7 @@ def tune(
     max_workers: int | None,
     memory_limit: str | None,
     allow_reorder: bool,
+    allow_threads: bool,
     fresh: bool,
     json_path: Path | None,
     plot_path: Path | None,
@@ -273,6 +281,7 @@ def tune(
             max_workers=max_workers,
             memory_limit=limit,
             allow_reorder=allow_reorder,
+            allow_threads=allow_threads,
             fresh=fresh,
             target=target,
             progress=progress.update,

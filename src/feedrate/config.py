@@ -16,6 +16,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from feedrate.errors import UserError
+from feedrate.fetching import Threaded, threads_of, unthreaded
 
 #: DataLoader's own default when workers are used and ``prefetch_factor`` is not given.
 DEFAULT_PREFETCH_FACTOR = 2
@@ -43,15 +44,22 @@ class LoaderConfig:
     ``persistent_workers`` mean nothing and are dropped. So equal settings compare equal.
 
     ``in_order=False`` lets DataLoader hand out batches as workers finish them (it changes the
-    order of batches, so feedrate only tries it when allowed to); None keeps the loader's own."""
+    order of batches, so feedrate only tries it when allowed to); None keeps the loader's own.
+
+    ``threads`` is not a DataLoader argument: above 1 the dataset is wrapped in
+    ``feedrate.threaded(dataset, threads)``, so each worker (or the main process, without
+    workers) fetches a batch's samples on that many threads."""
 
     num_workers: int = 0
     pin_memory: bool = False
     prefetch_factor: int | None = None
     persistent_workers: bool = False
     in_order: bool | None = None
+    threads: int = 1
 
     def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise UserError(f"threads must be 1 or more, got {self.threads}")
         if self.num_workers < 0:
             raise UserError(f"num_workers must be 0 or more, got {self.num_workers}")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
@@ -90,6 +98,8 @@ class LoaderConfig:
         out = asdict(self)
         if out["in_order"] is None:
             del out["in_order"]
+        if out["threads"] == 1:
+            del out["threads"]  # plain DataLoader settings stay plain
         return out
 
     @classmethod
@@ -100,6 +110,7 @@ class LoaderConfig:
             prefetch_factor=data.get("prefetch_factor"),
             persistent_workers=bool(data.get("persistent_workers", False)),
             in_order=data.get("in_order"),
+            threads=int(data.get("threads", 1)),
         )
 
     def label(self) -> str:
@@ -114,6 +125,8 @@ class LoaderConfig:
                 parts.append("unordered")
         if norm.pin_memory:
             parts.append("pin")
+        if norm.threads > 1:
+            parts.append(f"threads={norm.threads}")
         return " ".join(parts)
 
 
@@ -126,6 +139,7 @@ def config_of(loader: DataLoader[Any]) -> LoaderConfig:
         prefetch_factor=loader.prefetch_factor if workers else None,
         persistent_workers=loader.persistent_workers if workers else False,
         in_order=False if getattr(loader, "in_order", True) is False else None,
+        threads=threads_of(loader.dataset),
     )
 
 
@@ -158,10 +172,12 @@ def rebuild(
     Kept from ``loader``: dataset (unless ``dataset`` replaces it), batch_size, sampler or
     batch_sampler, collate_fn, drop_last, worker_init_fn, generator, timeout,
     multiprocessing_context, and, where this torch has them, in_order and pin_memory_device.
-    The loader's class is kept too when it accepts DataLoader's arguments.
+    The loader's class is kept too when it accepts DataLoader's arguments. The dataset is
+    wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says.
     """
+    data = unthreaded(loader.dataset if dataset is None else dataset)
     kwargs: dict[str, Any] = {
-        "dataset": loader.dataset if dataset is None else dataset,
+        "dataset": Threaded(data, config.threads) if config.threads > 1 else data,
         **_batching_kwargs(loader),
         "collate_fn": loader.collate_fn,
         "worker_init_fn": loader.worker_init_fn,

@@ -45,6 +45,12 @@ class IndexReportingDataset(Forwarding, Dataset[Any]):
     def __len__(self) -> int:
         return len(self._feedrate_inner)
 
+    @property
+    def feedrate_per_index(self) -> bool:
+        """Its ``__getitems__`` only loops over ``__getitem__`` (``inner`` has none of its own),
+        so a threaded fetch may call ``__getitem__`` per index instead."""
+        return getattr(self._feedrate_inner, "__getitems__", None) is None
+
     def __getitem__(self, index: Any) -> Any:
         try:
             return self._feedrate_inner[index]

@@ -14,7 +14,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import windows
+from feedrate import fetching, windows
 from feedrate.config import (
     LoaderConfig,
     config_of,
@@ -25,6 +25,7 @@ from feedrate.config import (
 from feedrate.consumer import Consumer
 from feedrate.errors import PipelineError, UserError
 from feedrate.failures import IndexReportingDataset, Watchdog, explain, quiesce, stop_workers
+from feedrate.fetching import unthreaded
 from feedrate.machine import MachineFacts, collect
 from feedrate.probe import ProbeReport, ProcessProbe
 from feedrate.results import Measurement, Spread, WindowSummary
@@ -118,10 +119,13 @@ def measure(
     plan = _plan(config, batches, seconds, windows_count)
     dataset = None
     if report_index and not is_iterable_style(user_loader):
-        dataset = IndexReportingDataset(user_loader.dataset)
+        dataset = IndexReportingDataset(unthreaded(user_loader.dataset))
     loader = rebuild(user_loader, config, dataset=dataset)
     facts = machine or collect()
-    timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consumer)
+    try:
+        timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consumer)
+    finally:
+        fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
     rate = windows.summarize(timeline.windows)
     return Measurement(
         config=config,

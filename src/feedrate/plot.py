@@ -36,7 +36,7 @@ _NOTE: dict[str, Any] = {"textcoords": "offset points", "fontsize": 8.5, "zorder
 _MAIN: dict[str, Any] = {"lw": 2.0, "ms": 5, "alpha": 1.0, "zorder": 3}
 _OTHER: dict[str, Any] = {"lw": 1.2, "ms": 4, "alpha": 0.75, "zorder": 2}
 
-SeriesKey = tuple[int | None, bool, bool | None, bool]
+SeriesKey = tuple[int | None, bool, bool | None, bool, int]
 
 
 def plot_png(result: TuneResult, path: str | Path) -> Path:
@@ -62,10 +62,10 @@ def series(trials: list[Trial]) -> list[tuple[str, list[Trial]]]:
     for t in trials:
         if t.measured:
             c = t.config
-            key = (c.prefetch_factor, c.persistent_workers, c.in_order, c.pin_memory)
+            key = (c.prefetch_factor, c.persistent_workers, c.in_order, c.pin_memory, c.threads)
             groups.setdefault(key, []).append(t)
     for key in [k for k in groups if k[0] is None]:
-        hosts = [k for k in groups if k[0] is not None and k[3] == key[3]]
+        hosts = [k for k in groups if k[0] is not None and k[3:] == key[3:]]
         if hosts:
             host = max(hosts, key=lambda k: len(groups[k]))
             groups[host] = groups.pop(key) + groups[host]
@@ -74,8 +74,13 @@ def series(trials: list[Trial]) -> list[tuple[str, list[Trial]]]:
 
 
 def _series_label(key: SeriesKey) -> str:
-    pf, persistent, in_order, pin = key
-    flags = [persistent and "persistent", in_order is False and "unordered", pin and "pin"]
+    pf, persistent, in_order, pin, threads = key
+    flags = [
+        persistent and "persistent",
+        in_order is False and "unordered",
+        pin and "pin",
+        threads > 1 and f"{threads} threads each",
+    ]
     return ", ".join(["no workers" if pf is None else f"prefetch {pf}", *(f for f in flags if f)])
 
 
@@ -101,7 +106,9 @@ def _figure(result: TuneResult) -> Figure:
     _draw_references(ax, result)
     _y_axis(ax, result)
     _draw_choices(ax, result)
-    _draw_memory(mem, *(groups[0] if groups else ("", [])))
+    _draw_memory(
+        mem, [(i, *g) for i, g in enumerate(groups) if i == 0 or g[1][0].config.threads > 1]
+    )
     _titles(fig, result)
     _legend(fig, ax, [label for label, _ in groups])
     return fig
@@ -252,19 +259,28 @@ def _note(ax: Axes, x: float, y: float, text: str, right: bool = False) -> None:
     ax.annotate(text, (x, y), xytext=offset, ha=ha, va=va, bbox=_NOTE_BOX, **_NOTE)
 
 
-def _draw_memory(ax: Axes, label: str, main: list[Trial]) -> None:
-    points = [(t.config.num_workers, t.memory_bytes / MiB) for t in main if t.memory_bytes]
+def _draw_memory(ax: Axes, groups: list[tuple[int, str, list[Trial]]]) -> None:
+    """Memory of the main series, and of each threaded series beside it (same colours as
+    above: threads are worth their place when they reach the rate for less memory)."""
     ax.set_xlabel("num_workers")
     ax.set_ylabel("memory (MiB)")
     ax.grid(True, alpha=0.25)
-    if not points:
+    top = 0.0
+    for i, _, trials in groups:
+        points = [(t.config.num_workers, t.memory_bytes / MiB) for t in trials if t.memory_bytes]
+        if not points:
+            continue
+        x, y = zip(*points, strict=True)
+        color = f"C{i}"
+        ax.plot(x, y, "-s", color=color, ms=4, lw=1.5)
+        if len(x) > 1:
+            ax.fill_between(x, y, color=color, alpha=0.12)
+        top = max(top, *y)
+    if not top:
         ax.text(0.5, 0.5, "no memory figures", transform=ax.transAxes, ha="center", color="0.5")
         return
-    x, y = zip(*points, strict=True)
-    ax.plot(x, y, "-s", color="C0", ms=4, lw=1.5)
-    if len(x) > 1:
-        ax.fill_between(x, y, color="C0", alpha=0.12)
-    ax.set_ylim(0, max(y) * 1.25)
+    ax.set_ylim(0, top * 1.25)
     _thousands(ax)
+    label = " and ".join(lb for _, lb, _ in groups)
     title = f"memory (PSS) of the main process and workers, {label}"
     ax.set_title(title, fontsize=8.5, loc="left", color="0.3")

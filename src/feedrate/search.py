@@ -55,6 +55,10 @@ class Space:
     fd_budget: int | None = None
     consumer: bool = False
     allow_reorder: bool = False
+    #: Threads per worker a threaded trial may use (1: threads cannot help this loader, e.g.
+    #: an IterableDataset, or a thread-safety check failed); whether they may be recommended.
+    max_threads: int = 1
+    allow_threads: bool = False
 
 
 def noise(a: Trial, b: Trial) -> float:
@@ -104,6 +108,20 @@ def series(space: Space, trials: list[Trial]) -> list[Trial]:
     return [
         t for t in trials if t.measured and _with(space.baseline, t.config.num_workers) == t.config
     ]
+
+
+def eligible(space: Space, trials: list[Trial]) -> list[Trial]:
+    """Measured trials that may be recommended: threaded ones only when allowed."""
+    return [t for t in trials if t.measured and (space.allow_threads or t.config.threads == 1)]
+
+
+def threaded(trials: list[Trial]) -> list[Trial]:
+    return [t for t in trials if t.measured and t.config.threads > 1]
+
+
+def _threads_win(space: Space, top: Trial, trials: list[Trial]) -> bool:
+    """Threads may be recommended and one threaded trial already beats ``top``."""
+    return space.allow_threads and any(beats(t, top) for t in threaded(trials))
 
 
 def fastest(trials: list[Trial]) -> Trial | None:
@@ -177,6 +195,8 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     lower = [t for t in main if 0 < t.config.num_workers < w]
     if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
         return None
+    if _threads_win(space, top, trials):
+        return None  # a few threaded workers beat it: more processes would only cost memory
     kind = bottleneck(top, space.cpus)
     if kind == "latency":
         step = _step_up(space, top, max(lower, key=lambda t: t.config.num_workers, default=None))
@@ -233,7 +253,7 @@ def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
     below)."""
     main = series(space, trials)
     best = fastest(main)
-    if best is None or best.config.num_workers == 0:
+    if best is None or best.config.num_workers == 0 or _threads_win(space, best, trials):
         return None
     b = best.config.num_workers
     by_count = {t.config.num_workers: t for t in main}
@@ -255,8 +275,70 @@ def _peak_may_be_below(best: Trial, lower: Trial) -> bool:
     return gained < 0.8 * best.config.num_workers / lower.config.num_workers
 
 
+def _waiting_best(space: Space, trials: list[Trial]) -> Trial | None:
+    """The fastest processes-only trial with workers, when its workers mostly wait."""
+    best = fastest([t for t in series(space, trials) if t.config.num_workers > 0])
+    if best is None or bottleneck(best, space.cpus) != "latency":
+        return None
+    return best
+
+
+def _threads(space: Space, trials: list[Trial]) -> Proposal | None:
+    """With leave to recommend threads, as soon as workers are seen mostly waiting: overlap the
+    waits on threads inside a few workers instead of in more processes, doubling the threaded
+    workers while they gain and still mostly wait."""
+    if space.max_threads <= 1 or not space.allow_threads:
+        return None
+    best = _waiting_best(space, trials)
+    if best is None:
+        return None
+    t_max = space.max_threads
+    ours = [t for t in threaded(trials) if t.config.threads == t_max]
+    if not ours:
+        w = min(space.cpus, best.config.num_workers)
+        why = (
+            f"workers at {best.config.num_workers} mostly wait ({best.worker_cpu_mean:.0%} CPU "
+            f"each): {w} workers fetching on {t_max} threads each overlap as many waits for a "
+            "fraction of the memory"
+        )
+        return _with(space.baseline, w, threads=t_max), why
+    if space.consumer and any(covers(t) for t in ours):
+        return None
+    top = max(ours, key=lambda t: t.config.num_workers)
+    w = top.config.num_workers
+    lower = [t for t in ours if t.config.num_workers < w]
+    if fastest(ours) is not top or bottleneck(top, space.cpus) != "latency":
+        return None
+    if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
+        return None
+    why = (
+        f"{w} threaded workers still mostly wait ({top.worker_cpu_mean:.0%} CPU each): "
+        f"twice the workers, {t_max} threads each"
+    )
+    return _with(space.baseline, 2 * w, threads=t_max), why
+
+
+def _threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Without leave, once the processes are searched: one threaded trial with twice the
+    requests in flight of the best worker count, so the report can say what threads would
+    give, measured (it is never recommended)."""
+    if space.max_threads <= 1 or space.allow_threads or threaded(trials):
+        return None
+    procs = [t for t in series(space, trials) if t.config.num_workers > 0]
+    best = fastest(procs)
+    if best is None or not any(bottleneck(t, space.cpus) == "latency" for t in procs):
+        return None  # the workers never mostly waited: threads would only compete for CPUs
+    t_max, b = space.max_threads, best.config.num_workers
+    w = min(b, max(1, math.ceil(2 * b / t_max)))
+    why = (
+        f"for the report: {w} workers on {t_max} threads each keep twice the requests in "
+        f"flight of {b} worker processes (threads are recommended only with --threads)"
+    )
+    return _with(space.baseline, w, threads=t_max), why
+
+
 def _prefetch(space: Space, trials: list[Trial]) -> Proposal | None:
-    best = fastest(trials)
+    best = fastest(eligible(space, trials))
     if best is None or best.config.num_workers == 0:
         return None
     pf = best.config.prefetch_factor or 2
@@ -268,7 +350,7 @@ def _prefetch(space: Space, trials: list[Trial]) -> Proposal | None:
 
 
 def _reorder(space: Space, trials: list[Trial]) -> Proposal | None:
-    best = fastest(trials)
+    best = fastest(eligible(space, trials))
     if not space.allow_reorder or best is None or best.config.num_workers == 0:
         return None
     return replace(best.config, in_order=False), "batches in completion order, past slow samples"
@@ -278,11 +360,13 @@ _fastest_steps = (
     _anchor_none,
     _anchor_cpus,
     _one_worker,
+    _threads,
     _explore,
     _cpu_neighbour,
     _refine,
     _prefetch,
     _reorder,
+    _threads_report,
 )
 
 
@@ -291,6 +375,8 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     main = series(space, trials)
     if not main or any(covers(t) for t in main):
         return None
+    if space.allow_threads and any(covers(t) for t in threaded(trials)):
+        return None  # fewer threaded workers keep it fed: more processes would only cost
     top = max(main, key=lambda t: t.config.num_workers)
     w = top.config.num_workers
     lower = [t for t in main if t.config.num_workers < w]
@@ -319,7 +405,7 @@ def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
     return _with(space.baseline, mid), f"fewer workers ({mid}) that may still keep the consumer fed"
 
 
-_consumer_steps = (_anchor_none, _double, _bisect)
+_consumer_steps = (_anchor_none, _threads, _double, _bisect, _threads_report)
 
 
 def choose(space: Space, trials: list[Trial]) -> Trial | None:
@@ -327,15 +413,21 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
     fed; without one, or when none keeps it fed, the cheapest within the noise of the fastest
     (with a consumer its rate is what it delivered to the consumer, so the fastest stalls least
     and a stall a few points lower is no reason to pay for more workers)."""
-    measured = [t for t in trials if t.measured]
+    measured = eligible(space, trials)
     if not measured:
         return None
     if space.consumer:
         fed = [t for t in measured if covers(t)]
         if fed:
-            return min(fed, key=lambda t: (t.config.num_workers, t.memory_bytes))
+            return min(fed, key=lambda t: (t.config.num_workers, t.config.threads, t.memory_bytes))
     top = max(measured, key=lambda t: t.median)
     equal = [t for t in measured if not beats(top, t)]
     return min(
-        equal, key=lambda t: (t.config.num_workers, t.config.prefetch_factor or 0, t.memory_bytes)
+        equal,
+        key=lambda t: (
+            t.config.num_workers,
+            t.config.threads,
+            t.config.prefetch_factor or 0,
+            t.memory_bytes,
+        ),
     )

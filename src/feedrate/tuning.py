@@ -14,7 +14,8 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import advice, cache, checks, search
+from feedrate import advice, cache, checks, search, thread_safety
+from feedrate.checks_threads import thread_findings
 from feedrate.config import LoaderConfig, config_of, is_iterable_style
 from feedrate.consumer import Consumer, make_consumer
 from feedrate.errors import PipelineError, PipelineTimeoutError, UserError, WorkerKilledError
@@ -32,6 +33,8 @@ CONFIRM_WITHIN = 0.15
 #: Share of available memory and of free /dev/shm a search may plan to use.
 MEMORY_SHARE = 0.5
 SHM_SHARE = 0.5
+#: Threads per worker a search tries at most (more only add contention for the GIL).
+MAX_SEARCH_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ def tune(
     max_workers: int | None = None,
     memory_limit: int | None = None,
     allow_reorder: bool = False,
+    allow_threads: bool = False,
     fresh: bool = False,
     use_cache: bool = True,
     trial_seconds: float = 2.0,
@@ -72,6 +76,10 @@ def tune(
     stops when gains fall within the noise or ``budget_s`` is spent (the result then says it is
     partial). ``memory_limit`` bounds the predicted memory (bytes, default half of what is
     available). Results are cached per machine and pipeline unless ``fresh``.
+
+    Where workers mostly wait, threads inside workers (``feedrate.threaded``) are measured too,
+    after a thread-safety check; they are recommended only with ``allow_threads`` (they need a
+    thread-safe ``__getitem__``), otherwise a finding says what they measured.
     """
     loader = source() if callable(source) and not isinstance(source, DataLoader) else source
     if not isinstance(loader, DataLoader):
@@ -80,11 +88,17 @@ def tune(
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     facts = machine or collect()
     space = _space(facts, loader, consumer, max_workers, memory_limit, allow_reorder)
+    space = replace(
+        space,
+        max_threads=thread_cap(loader),
+        allow_threads=allow_threads or space.baseline.threads > 1,
+    )
     options = {
         "consumer": consumer.to_dict() if consumer else None,
         "max_workers": max_workers,
         "memory_limit": memory_limit,
         "allow_reorder": allow_reorder,
+        "allow_threads": allow_threads,
     }
     cache_key = cache.key(facts, loader, options)
     if use_cache and not fresh:
@@ -141,6 +155,16 @@ def _space(
     )
 
 
+def thread_cap(loader: DataLoader[Any]) -> int:
+    """Threads per worker worth trying: up to a batch's samples (a worker fetches one batch at
+    a time), at most ``MAX_SEARCH_THREADS``; 1 where DataLoader never calls ``__getitems__``
+    (an IterableDataset, or no automatic batching)."""
+    if is_iterable_style(loader) or loader.batch_sampler is None:
+        return 1
+    size = loader.batch_size or MAX_SEARCH_THREADS
+    return max(1, min(size, MAX_SEARCH_THREADS))
+
+
 def _fd_budget(facts: MachineFacts) -> int | None:
     """Only the file_descriptor sharing strategy holds a file per tensor in flight."""
     if facts.sharing_strategy != "file_descriptor" or facts.open_files_soft is None:
@@ -192,6 +216,7 @@ class _Run:
         self.start = time.monotonic()
         self.last_trial_s = 0.0
         self.partial_reason: str | None = None
+        self.thread_check: thread_safety.ThreadCheck | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -203,11 +228,15 @@ class _Run:
             if proposal is None:
                 break
             config, why = proposal
+            if config.threads > 1 and not self._threads_safe(config.threads):
+                continue  # the check took threads out of the space
             skip = search.predict_over_budget(self.space, self.trials, config)
             if skip is not None:
                 self.trials.append(Trial(config, why, skipped=skip))
                 continue
             if self.elapsed() + self.last_trial_s > self.budget_s:
+                if config.threads > 1 and not self.space.allow_threads:
+                    break  # a trial only for the report: the answer is complete without it
                 self.partial_reason = (
                     f"the budget of {self.budget_s:g} s was spent after {len(self.trials)} "
                     f"trials; the search had more to try (next: {config.label()})"
@@ -216,6 +245,15 @@ class _Run:
             self.trial(config, why)
         self.confirm(baseline)
         return self.finish(baseline)
+
+    def _threads_safe(self, threads: int) -> bool:
+        """Run the thread-safety check once, before the first threaded trial; a failure takes
+        threads out of the search (a finding says why)."""
+        if self.thread_check is None:
+            self.thread_check = thread_safety.check(self.loader.dataset, threads)
+            if not self.thread_check.ok:
+                self.space = replace(self.space, max_threads=1, allow_threads=False)
+        return self.thread_check.ok
 
     def confirm(self, baseline: Trial) -> None:
         """Measure the leader again, with its closest rival and your settings, interleaved, and
@@ -308,9 +346,10 @@ class _Run:
                 self.trials,
                 epoch_samples,
                 self.loader.batch_size,
-            ),
+            )
+            + thread_findings(self.space, self.thread_check, self.trials, best),
             search_seconds=self.elapsed(),
-            reason=advice.reason(self.space, best, baseline, described),
+            reason=advice.reason(self.space, best, baseline, described, self.trials),
             code=advice.code_line(self.loader, final),
             target=self.target,
             batch_size=self.loader.batch_size,
