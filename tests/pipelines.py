@@ -274,3 +274,18 @@ class NoisyDataset(TinyDataset):
 
     def __getitem__(self, index: int) -> torch.Tensor:
         return torch.rand(4)
+
+
+class PairBatchSampler:
+    """A custom batch sampler: pairs of indices, odd ones first, then a short last batch."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        order = list(range(1, self.n, 2)) + list(range(0, self.n, 2))
+        for i in range(0, len(order), 2):
+            yield order[i : i + 2]
+
+    def __len__(self) -> int:
+        return (self.n + 1) // 2

@@ -7,6 +7,7 @@ import feedrate
 
 def test_public_names_are_pinned() -> None:
     assert sorted(feedrate.__all__) == [
+        "AutoLoader",
         "FeedrateError",
         "LoaderConfig",
         "MachineFacts",
@@ -21,6 +22,7 @@ def test_public_names_are_pinned() -> None:
         "UserError",
         "WorkerKilledError",
         "__version__",
+        "autotune",
         "config_of",
         "doctor",
         "load_target",

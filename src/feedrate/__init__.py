@@ -6,12 +6,14 @@ print(m.samples_per_s, m.spread.rel, m.startup_s)
 report = feedrate.doctor(loader)             # what is wrong or risky, with the fix
 print([(f.severity, f.id) for f in report.findings])
 loader = DataLoader(feedrate.threaded(dataset, 16), batch_size=16, num_workers=2)  # waits on I/O
+for batch in feedrate.autotune(loader): ...   # tunes itself while training runs
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from feedrate.autotuning import AutoLoader, autotune
 from feedrate.config import LoaderConfig, config_of, rebuild
 from feedrate.doctoring import doctor
 from feedrate.errors import (
@@ -32,6 +34,7 @@ from feedrate.target import load_target
 from feedrate.tuning import tune
 
 __all__ = [
+    "AutoLoader",
     "FeedrateError",
     "LoaderConfig",
     "MachineFacts",
@@ -46,6 +49,7 @@ __all__ = [
     "UserError",
     "WorkerKilledError",
     "__version__",
+    "autotune",
     "config_of",
     "doctor",
     "load_target",

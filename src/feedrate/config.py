@@ -165,7 +165,11 @@ def _batching_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
 
 
 def rebuild(
-    loader: DataLoader[Any], config: LoaderConfig, *, dataset: Any | None = None
+    loader: DataLoader[Any],
+    config: LoaderConfig,
+    *,
+    dataset: Any | None = None,
+    batch_sampler: Any | None = None,
 ) -> DataLoader[Any]:
     """A new DataLoader yielding what ``loader`` yields, produced with ``config``'s settings.
 
@@ -173,12 +177,13 @@ def rebuild(
     batch_sampler, collate_fn, drop_last, worker_init_fn, generator, timeout,
     multiprocessing_context, and, where this torch has them, in_order and pin_memory_device.
     The loader's class is kept too when it accepts DataLoader's arguments. The dataset is
-    wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says.
+    wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says. A
+    ``batch_sampler`` given replaces the loader's batching (``autotune`` feeds its own).
     """
     data = unthreaded(loader.dataset if dataset is None else dataset)
     kwargs: dict[str, Any] = {
         "dataset": Threaded(data, config.threads) if config.threads > 1 else data,
-        **_batching_kwargs(loader),
+        **(_batching_kwargs(loader) if batch_sampler is None else {"batch_sampler": batch_sampler}),
         "collate_fn": loader.collate_fn,
         "worker_init_fn": loader.worker_init_fn,
         "generator": loader.generator,

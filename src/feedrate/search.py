@@ -408,6 +408,37 @@ def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
 _consumer_steps = (_anchor_none, _threads, _double, _bisect, _threads_report)
 
 
+def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Online: the fewest workers tried keep the consumer fed; half as many may too."""
+    main = series(space, trials)
+    fed = [t.config.num_workers for t in main if covers(t)]
+    if not fed or min(fed) == 0:
+        return None
+    c = min(fed)
+    if any(not covers(t) and t.config.num_workers < c for t in main):
+        return None  # _bisect's ground
+    return _with(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
+
+
+_online_steps = (_fewer, _threads, _double, _bisect)
+
+
+def propose_online(space: Space, trials: list[Trial]) -> Proposal | None:
+    """``autotune``'s next configuration while training runs: from where it started, fewer
+    workers while the step stays fed, more while the stall falls (threads where allowed), then
+    bisect; None when settled. No anchors: every trial costs training time."""
+    tried = {t.config for t in trials}
+    for step in _online_steps:
+        proposal = step(space, trials)
+        if (
+            proposal is not None
+            and proposal[0] not in tried
+            and proposal[0].num_workers <= space.max_workers
+        ):
+            return proposal
+    return None
+
+
 def choose(space: Space, trials: list[Trial]) -> Trial | None:
     """The recommendation: with a consumer the fewest workers (then least memory) that keep it
     fed; without one, or when none keeps it fed, the cheapest within the noise of the fastest

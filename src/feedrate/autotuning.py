@@ -1,0 +1,593 @@
+"""``feedrate.autotune(loader)``: a loader that tunes its own settings while training runs.
+
+The training loop is the consumer: the time between two of its ``next()`` calls is its step,
+the time ``next()`` waits is the data stall. ``AutoLoader`` tries configurations on consecutive
+stretches of the epoch, keeps the cheapest one that removes the stall (``search.propose_online``
+decides), then only watches: two clock readings per batch. When the stall comes back (steps got
+faster after warm-up or compilation), it tunes again from where it is.
+
+Correctness first, for a map-style dataset with automatic batching: the tuner owns the epoch's
+index stream. At each epoch it draws the user's batch sampler once, as DataLoader would, and
+hands consecutive runs of those index batches to one DataLoader per configuration (a "lane")
+through a batch sampler it controls. A lane being replaced is given no further indices and
+drained in order while the next lane starts on the following indices, so every batch of the
+epoch is yielded exactly once, in the sampler's order, while worker start-up overlaps the drain.
+
+An ``IterableDataset`` (or a loader without automatic batching) yields its own stream, which
+cannot be split between loaders: there, settings change only between epochs, each epoch being
+one trial.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from feedrate import cache, fetching, search
+from feedrate.config import (
+    LoaderConfig,
+    config_of,
+    is_iterable_style,
+    quiet_worker_count_warning,
+    rebuild,
+)
+from feedrate.errors import UserError
+from feedrate.failures import stop_workers
+from feedrate.machine import MachineFacts, collect
+from feedrate.measuring import _sample_counter, warmup_batches
+from feedrate.probe import ProcessProbe
+from feedrate.results import Spread, Trial
+from feedrate.tuning import DEFAULT_MAX_WORKERS, MEMORY_SHARE, thread_cap
+
+#: A trial measures at least this many batches and seconds, after its warm-up batches.
+TRIAL_BATCHES = 12
+TRIAL_S = 0.5
+#: While watching: the stall over a stretch of at least this many batches and seconds, above
+#: ``RETUNE_STALL``, starts tuning again.
+WATCH_BATCHES = 64
+WATCH_S = 2.0
+RETUNE_STALL = 2 * search.STALL_MARGIN
+#: Cache options of autotune's own entries (tune's entries are read too).
+_OPTIONS = {"autotune": 1}
+
+
+@dataclass
+class Event:
+    """Something the tuner did: when (epoch, batch), what, why."""
+
+    epoch: int
+    batch: int
+    what: str
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batch": self.batch, "what": self.what, "why": self.why}
+
+
+@dataclass
+class AutotuneReport:
+    """What ``autotune`` tried and why: plain data (``to_dict``), readable with ``str()``."""
+
+    config: LoaderConfig
+    settled: bool
+    started_from: str
+    trials: list[Trial] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    retunes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "feedrate.autotune/1",
+            "config": self.config.to_dict(),
+            "settled": self.settled,
+            "started_from": self.started_from,
+            "trials": [t.to_dict() for t in self.trials],
+            "events": [e.to_dict() for e in self.events],
+            "retunes": self.retunes,
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"feedrate.autotune: {self.config.label()} "
+            f"({'settled' if self.settled else 'still tuning'}; started from {self.started_from}; "
+            f"{self.retunes} re-tunes)"
+        ]
+        for t in self.trials:
+            stall = "-" if t.stall_fraction is None else f"{t.stall_fraction:.0%}"
+            lines.append(
+                f"  {t.config.label():<34} {t.median:>10,.0f} samples/s  stall {stall:>4}  "
+                f"{t.reason}"
+            )
+        for e in self.events:
+            lines.append(f"  epoch {e.epoch} batch {e.batch}: {e.what} — {e.why}")
+        return "\n".join(lines)
+
+
+class _Feed(Sampler[list[Any]]):
+    """The batch sampler of a lane: index batches of the current epoch from ``pos`` until
+    ``stop``, handed out lazily as DataLoader asks (so ``pos`` is how far it has asked)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+        self.pos = self.stop = 0
+
+    def set(self, batches: list[list[Any]], start: int) -> None:
+        self.batches, self.pos, self.stop = batches, start, len(batches)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        while self.pos < self.stop:
+            self.pos += 1
+            yield self.batches[self.pos - 1]
+
+    def __len__(self) -> int:
+        return max(0, self.stop - self.pos)
+
+
+class _Lane:
+    """One configuration's DataLoader (persistent workers, reused across epochs) and feed."""
+
+    def __init__(
+        self, user: DataLoader[Any], config: LoaderConfig, split: bool, seed: int | None
+    ) -> None:
+        self.config = config
+        self.feed = _Feed() if split else None
+        persistent = replace(config, persistent_workers=config.num_workers > 0)
+        self.loader = rebuild(user, persistent, batch_sampler=self.feed)
+        if seed is not None:
+            # Worker seeds from the epoch's own draw; the user's generator is left alone.
+            self.loader.generator = torch.Generator().manual_seed(seed)
+        self.it: Any = None
+
+    def start(self, batches: list[list[Any]] | None, at: int) -> None:
+        if self.feed is not None and batches is not None:
+            self.feed.set(batches, at)
+        with quiet_worker_count_warning():
+            self.it = iter(self.loader)
+
+    def freeze(self) -> int:
+        """Hand out no more indices; returns the first index batch not handed out."""
+        assert self.feed is not None
+        self.feed.stop = self.feed.pos
+        return self.feed.pos
+
+    def close(self) -> None:
+        if self.it is not None:
+            stop_workers(self.it)
+            self.it = None
+        fetching.close(self.loader.dataset)
+
+
+@dataclass
+class _Stretch:
+    """The timing of one trial: per batch, samples, the wait in next() and the step after;
+    the first ``warmup`` batches (made while the lane started) are not measured."""
+
+    config: LoaderConfig
+    reason: str
+    warmup: int
+    began: float = 0.0
+    samples: list[int] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    probe: ProcessProbe | None = None
+
+    @property
+    def measured(self) -> int:
+        return max(0, len(self.steps) - self.warmup)
+
+    def done(self, now: float) -> bool:
+        return self.measured >= TRIAL_BATCHES and now - self.began >= TRIAL_S
+
+    def start(self, lane: _Lane, now: float) -> None:
+        """Watch ``lane``'s processes; with no warm-up the window opens now."""
+        self.probe = ProcessProbe().__enter__()
+        self.probe.attach(lane.it)
+        if self.warmup == 0:
+            self.open(now)
+
+    def open(self, now: float) -> None:
+        self.began = now
+        if self.probe is not None:
+            self.probe.window_open(now)
+
+    def add(self, samples: int, wait: float, step: float, now: float) -> None:
+        self.samples.append(samples)
+        self.waits.append(wait)
+        self.steps.append(step)
+        if len(self.steps) == self.warmup:
+            self.open(now)
+
+    def stop(self) -> None:
+        if self.probe is not None:
+            self.probe.__exit__()
+
+    def trial(self) -> Trial:
+        """The measured batches as a Trial: rate delivered to the loop, in up to 4 windows,
+        the stall, and where the CPU time and memory went."""
+        if self.probe is not None:
+            self.probe.window_close(time.perf_counter())
+        w, s = self.waits[self.warmup :], self.steps[self.warmup :]
+        n = self.samples[self.warmup :]
+        k = max(1, min(4, len(s) // 3))
+        size = max(1, len(s) // k)
+        rates = []
+        for i in range(0, size * k, size):
+            span = sum(w[i : i + size]) + sum(s[i : i + size])
+            rates.append(sum(n[i : i + size]) / span if span > 0 else 0.0)
+        total = sum(w) + sum(s)
+        trial = Trial(
+            config=self.config,
+            reason=self.reason,
+            samples_per_s=sum(n) / total if total > 0 else 0.0,
+            spread=Spread(
+                rates,
+                statistics.median(rates),
+                min(rates),
+                max(rates),
+                statistics.stdev(rates) if len(rates) > 1 else 0.0,
+            ),
+            stall_fraction=sum(w) / total if total > 0 else None,
+        )
+        if self.probe is not None:
+            _add_figures(trial, self.probe)
+        self.stop()
+        return trial
+
+
+def _add_figures(trial: Trial, probe: ProcessProbe) -> None:
+    rep = probe.report()
+    workers = rep.workers
+    trial.main_cpu = rep.main.cpu_util
+    trial.workers_cpu = sum(f.cpu_util for f in workers)
+    runq = [f.runq_util for f in workers if f.runq_util is not None]
+    trial.workers_runq = sum(runq) if runq else None
+    uss = [f.uss_bytes for f in workers if f.uss_bytes is not None]
+    trial.main_uss_bytes = rep.main.uss_bytes
+    trial.workers_uss_bytes = sum(uss) if uss else None
+    trial.worker_uss_max_bytes = max(uss) if uss else None
+    trial.system_busy_cpus = rep.system_busy_cpus
+
+
+class AutoLoader:
+    """Iterate it as the DataLoader it wraps (see ``autotune``)."""
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        *,
+        max_workers: int | None,
+        allow_threads: bool,
+        use_cache: bool,
+        machine: MachineFacts | None,
+    ) -> None:
+        self._user = loader
+        self._facts = machine or collect()
+        self._split = not is_iterable_style(loader) and loader.batch_sampler is not None
+        self._count = _sample_counter(loader)
+        self._cache_key = cache.key(self._facts, loader, _OPTIONS) if use_cache else None
+        start, started_from = self._start_config(use_cache)
+        available = self._facts.memory_available_bytes
+        self._space = search.Space(
+            cpus=self._facts.cpus_usable,
+            baseline=start,
+            max_workers=DEFAULT_MAX_WORKERS if max_workers is None else max_workers,
+            memory_budget=int(available * MEMORY_SHARE) if available else None,
+            consumer=True,
+            max_threads=thread_cap(loader) if self._split else 1,
+            allow_threads=allow_threads,
+        )
+        self._report = AutotuneReport(start, settled=False, started_from=started_from)
+        self._trials: list[Trial] = []
+        self._lane: _Lane | None = None
+        self._next: _Lane | None = None
+        self._stretch: _Stretch | None = _Stretch(start, f"start: {started_from}", 0)
+        self._pending: _Stretch | None = None
+        self._settled_stall = 0.0
+        self._watch = (0.0, 0.0, 0)
+        self._epoch = 0
+        self._warmup_cap = 1 << 30
+        self._seed = 0
+        self._batch = 0  # batches yielded in this epoch
+
+    # --- what a training loop uses -------------------------------------------------------------
+
+    @property
+    def dataset(self) -> Any:
+        return self._user.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._user.batch_size
+
+    @property
+    def sampler(self) -> Any:
+        return self._user.sampler
+
+    @property
+    def config(self) -> LoaderConfig:
+        """The settings in use now."""
+        return self._report.config
+
+    def __len__(self) -> int:
+        return len(self._user)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed to the sampler (e.g. ``DistributedSampler``) or a batch sampler's sampler."""
+        owners: list[Any] = [
+            self._user.sampler,
+            getattr(self._user.batch_sampler, "sampler", None),
+            self._user.batch_sampler,
+        ]
+        for owner in owners:
+            set_epoch = getattr(owner, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+                return
+
+    def report(self) -> AutotuneReport:
+        """What was tried and why, and the settings in use."""
+        self._report.trials = list(self._trials)
+        return self._report
+
+    def close(self) -> None:
+        """End the worker processes now (they also end when this object is collected)."""
+        for st in (self._stretch, self._pending):
+            if st is not None:
+                st.stop()
+        for lane in (self._lane, self._next):
+            if lane is not None:
+                lane.close()
+        self._lane = self._next = None
+
+    def __enter__(self) -> AutoLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        self._epoch += 1
+        self._batch = 0
+        try:
+            yield from (self._split_epoch() if self._split else self._whole_epoch())
+        except BaseException:
+            self.close()  # an error or Ctrl-C in the loop (or ours): no worker left behind
+            raise
+
+    # --- one epoch -----------------------------------------------------------------------------
+
+    def _split_epoch(self) -> Iterator[Any]:
+        # As DataLoader does at each epoch: a base seed, then the sampler's draw.
+        gen = self._user.generator
+        self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+        batches = list(iter(self._user.batch_sampler))  # type: ignore[arg-type]
+        self._warmup_cap = max(1, len(batches) // 4)
+        lane = self._start_lane(batches)
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(lane.it)
+            except StopIteration:
+                if self._next is None:
+                    break  # the epoch is done
+                lane = self._take_next(lane)
+                continue
+            got = time.perf_counter()
+            yield batch
+            back = time.perf_counter()
+            if self._pending is None:
+                self._record(batch, got - began, back - got, back)
+            else:
+                self._batch += 1  # draining a replaced lane: not the next trial's figures
+            st = self._stretch
+            if st is not None and st.done(back) and lane.feed and lane.feed.pos < len(batches):
+                self._next = self._switch_later(lane, batches)
+        self._epoch_end()
+
+    def _whole_epoch(self) -> Iterator[Any]:
+        lane = self._start_lane(None)
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(lane.it)
+            except StopIteration:
+                break
+            got = time.perf_counter()
+            yield batch
+            back = time.perf_counter()
+            self._record(batch, got - began, back - got, back)
+        self._epoch_end()
+
+    def _start_lane(self, batches: list[list[Any]] | None) -> _Lane:
+        cfg = self._report.config
+        if self._lane is None or self._lane.config != cfg:
+            if self._lane is not None:
+                self._lane.close()
+            self._lane = _Lane(self._user, cfg, self._split, self._seed if self._split else None)
+        self._lane.start(batches, 0)
+        if self._stretch is not None:  # a trial starts (again) with the epoch
+            self._stretch.stop()
+            self._stretch = _Stretch(cfg, self._stretch.reason, self._warmup(cfg))
+            self._stretch.start(self._lane, time.perf_counter())
+        return self._lane
+
+    def _epoch_end(self) -> None:
+        st = self._stretch
+        if st is not None and st.measured >= 4:
+            proposal = self._conclude()
+            if proposal is not None:
+                self._apply(*proposal)
+
+    # --- tuning ----------------------------------------------------------------------------------
+
+    def _record(self, batch: Any, wait: float, step: float, now: float) -> None:
+        self._batch += 1
+        st = self._stretch
+        if st is not None:
+            st.add(self._count(batch), wait, step, now)
+            return
+        waited, stepped, n = self._watch
+        waited, stepped, n = waited + wait, stepped + step, n + 1
+        if n >= WATCH_BATCHES and waited + stepped >= WATCH_S:
+            stall = waited / (waited + stepped)
+            if stall > max(RETUNE_STALL, self._settled_stall + RETUNE_STALL):
+                self._retune(stall, now)
+            waited, stepped, n = 0.0, 0.0, 0
+        self._watch = (waited, stepped, n)
+
+    def _retune(self, stall: float, now: float) -> None:
+        cfg = self._report.config
+        self._report.retunes += 1
+        self._report.settled = False
+        self._trials = []  # the old steps no longer describe the loop
+        self._space = replace(self._space, baseline=cfg)
+        self._event("tune again", f"the data stall came back ({stall:.0%} of the time waiting)")
+        self._stretch = _Stretch(cfg, "measured again: the stall came back", 0)
+        if self._lane is not None and self._lane.it is not None:
+            self._stretch.start(self._lane, now)
+
+    def _conclude(self) -> tuple[LoaderConfig, str] | None:
+        """Close the current trial; the next configuration, or None to stay (settled)."""
+        st = self._stretch
+        assert st is not None
+        self._trials.append(st.trial())
+        self._stretch = None
+        while (proposal := search.propose_online(self._space, self._trials)) is not None:
+            skip = search.predict_over_budget(self._space, self._trials, proposal[0])
+            if skip is None:
+                self._event(f"try {proposal[0].label()}", proposal[1])
+                return proposal
+            self._trials.append(Trial(proposal[0], proposal[1], skipped=skip))
+        best = search.choose(self._space, self._trials) or self._trials[-1]
+        self._report.settled = True
+        self._settled_stall = best.stall_fraction or 0.0
+        self._event(f"settled on {best.config.label()}", _why(best))
+        self._save(best.config)
+        if best.config != self._report.config:
+            return best.config, "settled"
+        return None
+
+    def _apply(self, cfg: LoaderConfig, why: str) -> None:
+        self._report.config = cfg
+        if not self._report.settled:
+            self._stretch = _Stretch(cfg, why, self._warmup(cfg))
+
+    def _switch_later(self, lane: _Lane, batches: list[list[Any]]) -> _Lane | None:
+        """At the end of a trial: the next lane, already started on the indices after the
+        ones this lane was given (it is drained first), or None to stay on this one."""
+        proposal = self._conclude()
+        if proposal is None:
+            return None
+        self._apply(*proposal)
+        self._pending, self._stretch = self._stretch, None
+        nxt = _Lane(self._user, proposal[0], True, self._seed + len(self._trials))
+        nxt.start(batches, lane.freeze())
+        return nxt
+
+    def _take_next(self, lane: _Lane) -> _Lane:
+        """The drained lane ends; the next one, which started meanwhile, takes over."""
+        nxt = self._next
+        assert nxt is not None
+        lane.close()
+        self._lane, self._next = nxt, None
+        self._stretch, self._pending = self._pending, None
+        if self._stretch is not None:
+            self._stretch.start(nxt, time.perf_counter())
+        self._watch = (0.0, 0.0, 0)
+        return nxt
+
+    def _warmup(self, cfg: LoaderConfig) -> int:
+        return min(warmup_batches(cfg) if cfg.num_workers else 0, self._warmup_cap)
+
+    def _event(self, what: str, why: str) -> None:
+        self._report.events.append(Event(self._epoch, self._batch, what, why))
+
+    # --- the cache ---------------------------------------------------------------------------
+
+    def _start_config(self, use_cache: bool) -> tuple[LoaderConfig, str]:
+        if use_cache:
+            tune_key = cache.key(self._facts, self._user, _tune_options())
+            for key in (self._cache_key, tune_key):
+                config = _cached_config(cache.load(key) if key else None)
+                if config is not None:
+                    return config, "the cached settings of an earlier run"
+        own = config_of(self._user)
+        if own.num_workers > 0:
+            return own, "your settings"
+        cpus = self._facts.cpus_usable
+        return (
+            LoaderConfig(cpus, prefetch_factor=2, persistent_workers=True),
+            f"one worker per usable CPU ({cpus})",
+        )
+
+    def _save(self, config: LoaderConfig) -> None:
+        if self._cache_key is not None:
+            doc = {"schema": "feedrate.autotune/1", "config": config.to_dict()}
+            cache.save(self._cache_key, doc)
+
+
+def _tune_options() -> dict[str, Any]:
+    """The options of a plain ``tune(loader)``, whose cached answer autotune may start from."""
+    return {
+        "consumer": None,
+        "max_workers": None,
+        "memory_limit": None,
+        "allow_reorder": False,
+        "allow_threads": False,
+    }
+
+
+def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
+    if not doc:
+        return None
+    with contextlib.suppress(KeyError, TypeError, ValueError, UserError):
+        if doc.get("schema") == "feedrate.autotune/1":
+            return LoaderConfig.from_dict(doc["config"])
+        return LoaderConfig.from_dict(doc["best"]["config"])
+    return None
+
+
+def _why(best: Trial) -> str:
+    stall = best.stall_fraction or 0.0
+    if search.covers(best):
+        return f"{best.config.label()} keeps the step fed ({stall:.0%} stall)"
+    return f"no configuration tried keeps the step fed; {best.config.label()} stalls {stall:.0%}"
+
+
+def autotune(
+    loader: DataLoader[Any],
+    *,
+    max_workers: int | None = None,
+    allow_threads: bool = False,
+    cache: bool = True,
+    machine: MachineFacts | None = None,
+) -> AutoLoader:
+    """Wrap ``loader`` so it tunes its own settings while the training loop iterates it.
+
+    Use it where the loader was: ``for batch in feedrate.autotune(loader): ...``. It yields the
+    same batches in the same order (map-style datasets), tries a few configurations on stretches
+    of the first epoch, keeps the cheapest that removes the data stall of *this* loop, remembers
+    it in the cache shared with ``tune`` (the next run starts there), and tunes again if the
+    stall comes back. ``allow_threads`` lets it fetch on threads inside workers (a thread-safe
+    ``__getitem__`` is needed). ``.config`` is the settings in use, ``.report()`` what it tried.
+    """
+    if not isinstance(loader, DataLoader):
+        raise UserError(
+            f"autotune() takes a torch.utils.data.DataLoader, got {type(loader).__name__}"
+        )
+    if max_workers is not None and max_workers < 0:
+        raise UserError(f"max_workers must be 0 or more, got {max_workers}")
+    return AutoLoader(
+        loader,
+        max_workers=max_workers,
+        allow_threads=allow_threads,
+        use_cache=cache,
+        machine=machine,
+    )

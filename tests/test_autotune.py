@@ -1,0 +1,169 @@
+"""``feedrate.autotune``: the same batches in the same order while it switches settings, tuning
+for the loop that iterates it, the cache, re-tuning, and no worker left behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+import feedrate
+from feedrate.autotuning import AutoLoader
+from feedrate.errors import UserError
+
+from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDRATE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def epochs(loader: Any, n: int, step_s: float = 0.0) -> list[list[torch.Tensor]]:
+    out = []
+    for _ in range(n):
+        torch.manual_seed(1234)  # the same global state before each epoch, on both sides
+        batch_list = []
+        for batch in loader:
+            if step_s:
+                time.sleep(step_s)
+            batch_list.append(batch.clone())
+        out.append(batch_list)
+    return out
+
+
+def same(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]]) -> bool:
+    return [len(e) for e in a] == [len(e) for e in b] and all(
+        torch.equal(x, y) for ea, eb in zip(a, b, strict=True) for x, y in zip(ea, eb, strict=True)
+    )
+
+
+def switches(auto: AutoLoader) -> int:
+    return sum(e.what.startswith("try ") for e in auto.report().events)
+
+
+# 3 ms per sample, 16 a batch: one worker makes 20 batches/s, the loop wants ~250; the tuner
+# has to move through several configurations inside the first epoch.
+SLOW = SleepDataset(1000, sleep_s=0.003)
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DataLoader(
+            SLOW, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(3)
+        ),
+        lambda: DataLoader(SLOW, batch_size=16, shuffle=True),  # the global generator
+        lambda: DataLoader(
+            SLOW,
+            batch_size=16,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(5),
+        ),
+        lambda: DataLoader(SLOW, batch_sampler=PairBatchSampler(301)),
+    ],
+    ids=["seeded-shuffle", "global-shuffle", "drop-last", "custom-batch-sampler"],
+)
+def test_same_batches_in_the_same_order_while_switching(
+    make: Callable[[], DataLoader[Any]],
+) -> None:
+    want = epochs(make(), 2)
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = epochs(auto, 2, step_s=0.004)
+        assert switches(auto) >= 1  # it did change settings mid-stream
+    assert same(want, got)
+
+
+def test_loader_surface_and_set_epoch() -> None:
+    ds = TinyDataset(100)
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
+    plain = DataLoader(ds, batch_size=8, sampler=sampler)
+    with feedrate.autotune(DataLoader(ds, batch_size=8, sampler=sampler), cache=False) as auto:
+        assert len(auto) == len(plain) == 13
+        assert auto.dataset is ds and auto.batch_size == 8 and auto.sampler is sampler
+        auto.set_epoch(3)
+        assert sampler.epoch == 3
+        first = [b.clone() for b in auto]
+    sampler.set_epoch(3)
+    assert same([first], [[b for b in plain]])
+
+
+def test_settles_on_a_configuration_that_feeds_the_loop() -> None:
+    # 2 ms per sample, 8 a batch; a 40 ms step: 2 workers make 125 batches/s, far more than the
+    # 25 the loop takes. The tuner starts at one worker per CPU and goes down while still fed.
+    loader = DataLoader(SleepDataset(400, sleep_s=0.002), batch_size=8)
+    with feedrate.autotune(loader, cache=False) as auto:
+        epochs(auto, 2, step_s=0.04)
+        report = auto.report()
+        assert report.settled
+        assert auto.config.num_workers <= report.trials[0].config.num_workers
+        assert any(e.what.startswith("settled") for e in report.events)
+        assert "keeps the step fed" in str(report)
+
+
+def test_remembers_for_the_next_run() -> None:
+    loader = DataLoader(SleepDataset(400, sleep_s=0.002), batch_size=8)
+    with feedrate.autotune(loader) as first:
+        epochs(first, 2, step_s=0.04)
+        assert first.report().settled
+        chosen = first.config
+    with feedrate.autotune(DataLoader(SleepDataset(400, sleep_s=0.002), batch_size=8)) as again:
+        assert again.config == chosen
+        assert "cached" in again.report().started_from
+
+
+def test_tunes_again_when_steps_get_faster() -> None:
+    loader = DataLoader(SleepDataset(1200, sleep_s=0.002), batch_size=8)
+    with feedrate.autotune(loader, cache=False) as auto:
+        epochs(auto, 1, step_s=0.05)  # slow steps: few workers suffice
+        assert auto.report().settled
+        before = auto.config.num_workers
+        epochs(auto, 4, step_s=0.0)  # "compiled": the loop now waits on data (~1 s an epoch)
+        report = auto.report()
+        assert report.retunes >= 1
+        assert any(e.what == "tune again" for e in report.events)
+        assert auto.config.num_workers >= before
+
+
+def test_iterable_dataset_changes_settings_between_epochs_only() -> None:
+    loader = DataLoader(ShardedStream(), batch_size=4)
+    want = sorted(float(x) for b in DataLoader(ShardedStream(), batch_size=4) for x in b.flatten())
+    with feedrate.autotune(loader, cache=False) as auto:
+        for _ in range(2):
+            configs = set()
+            got = []
+            for batch in auto:
+                configs.add(auto.config)
+                got += [float(x) for x in batch.flatten()]
+            assert len(configs) == 1  # one configuration for the whole epoch
+            assert sorted(got) == want
+
+
+def test_error_in_the_loop_and_break_leave_no_worker() -> None:
+    loader = DataLoader(SleepDataset(400, sleep_s=0.001), batch_size=8)
+    auto = feedrate.autotune(loader, cache=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        for i, _ in enumerate(auto):
+            if i == 5:
+                raise RuntimeError("boom")
+    for i, _ in enumerate(auto):  # usable again afterwards; a break ends the workers too
+        if i == 3:
+            break
+    auto.close()  # the no_leaks fixture checks every worker is gone
+
+
+def test_bad_input() -> None:
+    with pytest.raises(UserError, match="DataLoader"):
+        feedrate.autotune([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="max_workers"):
+        feedrate.autotune(DataLoader(TinyDataset(8)), max_workers=-1)
