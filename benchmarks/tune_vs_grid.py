@@ -17,6 +17,8 @@ For each pipeline of ``pipelines.py``:
     python benchmarks/tune_vs_grid.py                       # 8 pipelines, full grid: ~3-4 h
     python benchmarks/tune_vs_grid.py --quick               # smaller grid: ~1 h
     python benchmarks/tune_vs_grid.py --quick --pipelines tabular,remote    # ~9 min
+    python benchmarks/tune_vs_grid.py --pipelines images --merge   # measure images again and
+                                                            # keep the other pipelines' records
     python benchmarks/tune_vs_grid.py --render benchmarks/results/tune_vs_grid.json
 
 Run from the repository root. Results (written again after each pipeline, so an interrupted run
@@ -92,6 +94,8 @@ class Bench:
     rounds: int = ROUNDS
     facts: MachineFacts = field(default_factory=collect)
     results: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[dict[str, Any]] = field(default_factory=list)  # earlier runs' records (--merge)
+    kept_from: dict[str, Any] | None = None
 
     @property
     def workers(self) -> tuple[int, ...]:
@@ -296,6 +300,10 @@ def bench_pipeline(bench: Bench, p: Pipeline, ui: report.Ui) -> dict[str, Any]:
     consumer = consumer_check(bench, p, loader, grid, ui)
     ui.advance()
     record.update(grid=grid, tune=tuned, remeasure=again, consumer=consumer)
+    record["run"] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "feedrate_commit": _git("rev-parse", "HEAD"),
+    }
     record["raw_ratio"] = report.raw_ratio(grid, tuned)
     record["criteria"] = report.criteria(grid, tuned, again, consumer)
     return record
@@ -311,6 +319,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="re-measurement rounds (default 5)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
     ap.add_argument("--render", metavar="JSON", help="render a saved run again, no measuring")
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the records of pipelines not measured now from the results already in --out",
+    )
     args = ap.parse_args(argv)
     names = args.pipelines.split(",") if args.pipelines else [p.name for p in PIPELINES]
     unknown = [n for n in names if n not in BY_NAME]
@@ -349,8 +362,33 @@ def meta(argv: Sequence[str] | None, bench: Bench, began: float, done: bool) -> 
             "grid_memory_cap_bytes": MEMORY_CAP,
         },
         "machine": bench.facts.to_dict(),
-        "pipelines": bench.results,
+        "pipelines": _ordered([*bench.kept, *bench.results]),
+        "merged_from": bench.kept_from,
     }
+
+
+def _ordered(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    order = {p.name: i for i, p in enumerate(PIPELINES)}
+    return sorted(records, key=lambda r: order.get(r["name"], len(order)))
+
+
+def _keep_earlier(bench: Bench) -> None:
+    """--merge: the earlier results' records of the pipelines not measured now."""
+    path = bench.out / f"{report.STEM}.json"
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if earlier.get("quick") != bench.quick:
+        sys.exit(f"--merge: {path} is a {'quick' if earlier.get('quick') else 'full'} run")
+    for record in earlier.get("pipelines", []):
+        if record["name"] not in bench.names:
+            record.setdefault(
+                "run",
+                {"date": earlier.get("date"), "feedrate_commit": earlier.get("feedrate_commit")},
+            )
+            bench.kept.append(record)
+    bench.kept_from = {"command": earlier.get("command"), "date": earlier.get("date")}
 
 
 def run(bench: Bench, argv: Sequence[str] | None, began: float) -> None:
@@ -375,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     began = time.perf_counter()
     bench = Bench(args.names, args.quick, args.out, args.rounds)
+    if args.merge:
+        _keep_earlier(bench)
     console.print(f"machine: {machine_line(bench.facts.to_dict())}")
     try:
         run(bench, argv, began)

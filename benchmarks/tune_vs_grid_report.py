@@ -157,6 +157,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Machine: {machine_line(data['machine'])}.",
         "",
+        *_runs(data),
         f"Grid: num_workers {grid['workers']} × prefetch_factor {grid['prefetch_factor']} × "
         "persistent_workers {False, True} (w=0 once); every configuration measured like a tune "
         f"trial ({data['trial']['seconds']:g} s, {data['trial']['windows']} windows, median). "
@@ -185,6 +186,19 @@ def markdown(data: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _runs(data: dict[str, Any]) -> list[str]:
+    """When records come from more than one run (``--merge``), when and at which commit each
+    pipeline was measured."""
+    if not data.get("merged_from"):
+        return []
+    parts = [
+        f"{p['name']} {p['run']['date']} ({(p['run'].get('feedrate_commit') or '?')[:7]})"
+        for p in data["pipelines"]
+        if p.get("run")
+    ]
+    return [f"Pipelines measured in more than one run (`--merge`): {'; '.join(parts)}.", ""]
 
 
 def summary_line(p: dict[str, Any]) -> str:

@@ -136,7 +136,7 @@ def test_tunes_again_when_steps_get_faster() -> None:
 
 
 def test_iterable_dataset_changes_settings_between_epochs_only() -> None:
-    loader = DataLoader(ShardedStream(), batch_size=4)
+    loader = DataLoader(ShardedStream(), batch_size=4, num_workers=2)
     want = sorted(float(x) for b in DataLoader(ShardedStream(), batch_size=4) for x in b.flatten())
     with feedrate.autotune(loader, cache=False) as auto:
         for _ in range(2):
@@ -167,3 +167,42 @@ def test_bad_input() -> None:
         feedrate.autotune([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(UserError, match="max_workers"):
         feedrate.autotune(DataLoader(TinyDataset(8)), max_workers=-1)
+
+
+def test_tunes_a_loader_with_its_own_non_persistent_workers() -> None:
+    ds = SleepDataset(2000, sleep_s=0.003)
+    want = epochs(DataLoader(ds, batch_size=16, num_workers=2), 1)
+    with feedrate.autotune(DataLoader(ds, batch_size=16, num_workers=2), cache=False) as auto:
+        got = epochs(auto, 1, step_s=0.002)
+        assert "your settings" in auto.report().started_from
+        assert switches(auto) >= 1  # it searched from there rather than settling at once
+    assert same(want, got)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_max_workers_bounds_the_start_and_the_search() -> None:
+    loader = DataLoader(SleepDataset(400, sleep_s=0.001), batch_size=8, num_workers=6)
+    with feedrate.autotune(loader, max_workers=1, cache=False) as auto:
+        assert auto.config.num_workers == 1
+        epochs(auto, 1, step_s=0.001)
+        assert all(t.config.num_workers <= 1 for t in auto.report().trials)
+
+
+def test_iterable_dataset_without_workers_is_left_without_them() -> None:
+    with feedrate.autotune(DataLoader(ShardedStream(), batch_size=4), cache=False) as auto:
+        epochs(auto, 1)
+        assert auto.config.num_workers == 0 and auto.report().settled
+
+
+def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(9))  # noqa: E731
+    want = epochs(make(), 1)
+    with feedrate.autotune(make(), cache=False) as auto:
+        for i, _ in enumerate(auto):
+            time.sleep(0.004)
+            if auto._pending is not None or i > 40:  # mid-drain (or late enough)
+                break
+        got = epochs(auto, 1, step_s=0.004)
+        assert auto._pending is None
+        assert auto.report().trials  # it went on measuring
+    assert same(want, got)

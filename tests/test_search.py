@@ -19,6 +19,7 @@ from feedrate.search import (
     choose,
     predict_over_budget,
     propose,
+    propose_online,
 )
 
 
@@ -281,3 +282,42 @@ def test_consumer_mode_fed_by_one_threaded_worker() -> None:
     # One worker on 16 threads gives 1,600 samples/s: fed, with fewer workers than 10.
     assert best.config.num_workers == 1 and best.config.threads == 16
     assert max(t.config.num_workers for t in trials) <= 2
+
+
+def test_consumer_mode_keeps_doubling_while_the_rate_grows_with_an_instant_step() -> None:
+    # A step that takes no time stalls ~100% whatever the loader does: the stall cannot guide,
+    # the delivered rate does.
+    best, _ = run(space(cpus=2, consumer=True), latency_bound(), consumer=1e9)
+    assert best.config.num_workers >= 32
+
+
+def test_online_goes_down_while_fed_and_settles_on_the_fewest_that_feed() -> None:
+    # 100 samples/s per worker, a loop that takes 250: 3 workers feed it. Starting from 8.
+    s = space(cpus=2, consumer=True, baseline=LoaderConfig(8, prefetch_factor=2))
+    model = latency_bound(per_worker=100)
+    trials = [
+        make_trial(
+            LoaderConfig(8, prefetch_factor=2, persistent_workers=True),
+            "start",
+            model(LoaderConfig(8)),
+            250.0,
+        )
+    ]
+    for _ in range(20):
+        proposal = propose_online(s, trials)
+        if proposal is None:
+            break
+        trials.append(make_trial(proposal[0], proposal[1], model(proposal[0]), 250.0))
+    best = choose(s, trials)
+    assert best is not None and best.config.num_workers == 3
+    assert trials[1].config.num_workers == 4  # no anchors: halving from where it started
+
+
+def test_online_from_a_non_persistent_start_still_searches() -> None:
+    s = space(cpus=2, consumer=True, baseline=LoaderConfig(2, persistent_workers=True))
+    model = latency_bound(per_worker=100)
+    start = make_trial(
+        LoaderConfig(2, persistent_workers=True), "start", model(LoaderConfig(2)), 1000.0
+    )
+    proposal = propose_online(s, [start])
+    assert proposal is not None and proposal[0].num_workers == 4

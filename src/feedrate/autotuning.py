@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from feedrate import cache, fetching, search
+from feedrate import cache, fetching, search, thread_safety
 from feedrate.config import (
     LoaderConfig,
     config_of,
@@ -44,7 +44,8 @@ from feedrate.machine import MachineFacts, collect
 from feedrate.measuring import _sample_counter, warmup_batches
 from feedrate.probe import ProcessProbe
 from feedrate.results import Spread, Trial
-from feedrate.tuning import DEFAULT_MAX_WORKERS, MEMORY_SHARE, thread_cap
+from feedrate.tuning import _space as tuning_space
+from feedrate.tuning import thread_cap
 
 #: A trial measures at least this many batches and seconds, after its warm-up batches.
 TRIAL_BATCHES = 12
@@ -271,23 +272,39 @@ class AutoLoader:
         self._facts = machine or collect()
         self._split = not is_iterable_style(loader) and loader.batch_sampler is not None
         self._count = _sample_counter(loader)
-        self._cache_key = cache.key(self._facts, loader, _OPTIONS) if use_cache else None
-        start, started_from = self._start_config(use_cache)
-        available = self._facts.memory_available_bytes
-        self._space = search.Space(
-            cpus=self._facts.cpus_usable,
-            baseline=start,
-            max_workers=DEFAULT_MAX_WORKERS if max_workers is None else max_workers,
-            memory_budget=int(available * MEMORY_SHARE) if available else None,
+        options = {**_OPTIONS, "max_workers": max_workers, "allow_threads": allow_threads}
+        self._cache_key = cache.key(self._facts, loader, options) if use_cache else None
+        # tune's budgets: memory (and a cgroup limit), /dev/shm, open files, max_workers.
+        space = tuning_space(self._facts, loader, None, max_workers, None, False)
+        self._space = replace(
+            space,
             consumer=True,
             max_threads=thread_cap(loader) if self._split else 1,
             allow_threads=allow_threads,
         )
-        self._report = AutotuneReport(start, settled=False, started_from=started_from)
+        start, started_from = self._start_config(use_cache)
+        # An IterableDataset that does not shard by worker yields its whole stream once per
+        # worker: one that runs without workers keeps running without them.
+        fixed = is_iterable_style(loader) and config_of(loader).num_workers == 0
+        if fixed:
+            start, started_from = (
+                config_of(loader),
+                (
+                    "your settings: an IterableDataset without workers is left without them (each "
+                    "worker would yield the whole stream unless the dataset shards by worker)"
+                ),
+            )
+        self._space = replace(self._space, baseline=start)
+        cached = fixed or started_from.startswith("the cached")
+        self._report = AutotuneReport(start, settled=cached, started_from=started_from)
+        self._thread_check: thread_safety.ThreadCheck | None = None
         self._trials: list[Trial] = []
         self._lane: _Lane | None = None
         self._next: _Lane | None = None
-        self._stretch: _Stretch | None = _Stretch(start, f"start: {started_from}", 0)
+        # From the cache it only watches (and tunes again if the loop waits); else it measures.
+        self._stretch: _Stretch | None = (
+            None if cached else _Stretch(start, f"start: {started_from}", 0)
+        )
         self._pending: _Stretch | None = None
         self._settled_stall = 0.0
         self._watch = (0.0, 0.0, 0)
@@ -345,6 +362,9 @@ class AutoLoader:
             if lane is not None:
                 lane.close()
         self._lane = self._next = None
+        self._pending = None
+        if not self._report.settled:  # interrupted mid-trial: the next epoch measures again
+            self._stretch = _Stretch(self._report.config, "measured again after a stop", 0)
 
     def __enter__(self) -> AutoLoader:
         return self
@@ -364,10 +384,15 @@ class AutoLoader:
     # --- one epoch -----------------------------------------------------------------------------
 
     def _split_epoch(self) -> Iterator[Any]:
-        # As DataLoader does at each epoch: a base seed, then the sampler's draw.
-        gen = self._user.generator
-        self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
-        batches = list(iter(self._user.batch_sampler))  # type: ignore[arg-type]
+        # As DataLoader does for each iterator: iter(batch sampler), then a base seed drawn from
+        # the loader's generator (a persistent loader draws it only for its first iterator),
+        # then the sampler's own draw as its batches are taken.
+        sampler_it = iter(self._user.batch_sampler)  # type: ignore[arg-type]
+        user = self._user
+        if self._epoch == 1 or not (user.persistent_workers and user.num_workers > 0):
+            gen = user.generator
+            self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+        batches = list(sampler_it)
         self._warmup_cap = max(1, len(batches) // 4)
         lane = self._start_lane(batches)
         while True:
@@ -387,7 +412,13 @@ class AutoLoader:
             else:
                 self._batch += 1  # draining a replaced lane: not the next trial's figures
             st = self._stretch
-            if st is not None and st.done(back) and lane.feed and lane.feed.pos < len(batches):
+            if (
+                st is not None
+                and self._next is None
+                and st.done(back)
+                and lane.feed is not None
+                and lane.feed.pos < len(batches)
+            ):
                 self._next = self._switch_later(lane, batches)
         self._epoch_end()
 
@@ -447,7 +478,7 @@ class AutoLoader:
         self._report.retunes += 1
         self._report.settled = False
         self._trials = []  # the old steps no longer describe the loop
-        self._space = replace(self._space, baseline=cfg)
+        self._space = replace(self._space, baseline=_online(cfg))
         self._event("tune again", f"the data stall came back ({stall:.0%} of the time waiting)")
         self._stretch = _Stretch(cfg, "measured again: the stall came back", 0)
         if self._lane is not None and self._lane.it is not None:
@@ -460,6 +491,8 @@ class AutoLoader:
         self._trials.append(st.trial())
         self._stretch = None
         while (proposal := search.propose_online(self._space, self._trials)) is not None:
+            if proposal[0].threads > 1 and not self._threads_safe(proposal[0].threads):
+                continue
             skip = search.predict_over_budget(self._space, self._trials, proposal[0])
             if skip is None:
                 self._event(f"try {proposal[0].label()}", proposal[1])
@@ -474,6 +507,16 @@ class AutoLoader:
             return best.config, "settled"
         return None
 
+    def _threads_safe(self, threads: int) -> bool:
+        """The thread-safety check of tune, once, before the first threaded trial; a failure
+        takes threads out of the search (the report's events say why)."""
+        if self._thread_check is None:
+            self._thread_check = thread_safety.check(self._user.dataset, threads)
+            if not self._thread_check.ok:
+                self._space = replace(self._space, max_threads=1, allow_threads=False)
+                self._event("no threads", self._thread_check.reason())
+        return self._thread_check.ok
+
     def _apply(self, cfg: LoaderConfig, why: str) -> None:
         self._report.config = cfg
         if not self._report.settled:
@@ -485,10 +528,20 @@ class AutoLoader:
         proposal = self._conclude()
         if proposal is None:
             return None
+        assert lane.feed is not None
+        nxt = _Lane(self._user, proposal[0], True, self._seed + len(self._trials))
+        try:
+            nxt.start(batches, lane.feed.pos)  # takes from its own feed only
+        except Exception as exc:  # workers that cannot start (memory, /dev/shm, files)
+            nxt.close()
+            self._trials.append(Trial(proposal[0], proposal[1], error=f"did not start: {exc}"))
+            self._event(f"stay on {lane.config.label()}", f"{proposal[0].label()}: {exc}")
+            self._stretch = _Stretch(lane.config, "measured again", 0)
+            self._stretch.start(lane, time.perf_counter())
+            return None
+        lane.freeze()
         self._apply(*proposal)
         self._pending, self._stretch = self._stretch, None
-        nxt = _Lane(self._user, proposal[0], True, self._seed + len(self._trials))
-        nxt.start(batches, lane.freeze())
         return nxt
 
     def _take_next(self, lane: _Lane) -> _Lane:
@@ -497,6 +550,8 @@ class AutoLoader:
         assert nxt is not None
         lane.close()
         self._lane, self._next = nxt, None
+        if self._stretch is not None:
+            self._stretch.stop()
         self._stretch, self._pending = self._pending, None
         if self._stretch is not None:
             self._stretch.start(nxt, time.perf_counter())
@@ -512,25 +567,33 @@ class AutoLoader:
     # --- the cache ---------------------------------------------------------------------------
 
     def _start_config(self, use_cache: bool) -> tuple[LoaderConfig, str]:
+        """The cached settings (within max_workers and allow_threads), else yours when they
+        use workers, else one worker per usable CPU with your other settings."""
+        space = self._space
         if use_cache:
             tune_key = cache.key(self._facts, self._user, _tune_options())
             for key in (self._cache_key, tune_key):
                 config = _cached_config(cache.load(key) if key else None)
-                if config is not None:
-                    return config, "the cached settings of an earlier run"
+                fits = config is not None and config.num_workers <= space.max_workers
+                if config is not None and fits and (config.threads == 1 or space.allow_threads):
+                    return _online(config), "the cached settings of an earlier run"
         own = config_of(self._user)
         if own.num_workers > 0:
-            return own, "your settings"
-        cpus = self._facts.cpus_usable
-        return (
-            LoaderConfig(cpus, prefetch_factor=2, persistent_workers=True),
-            f"one worker per usable CPU ({cpus})",
-        )
+            capped = replace(own, num_workers=min(own.num_workers, max(1, space.max_workers)))
+            return _online(capped), "your settings"
+        w = min(self._facts.cpus_usable, space.max_workers)
+        start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
+        return _online(start), f"{w} workers, one per usable CPU"
 
     def _save(self, config: LoaderConfig) -> None:
         if self._cache_key is not None:
             doc = {"schema": "feedrate.autotune/1", "config": config.to_dict()}
             cache.save(self._cache_key, doc)
+
+
+def _online(cfg: LoaderConfig) -> LoaderConfig:
+    """A configuration as autotune runs it: lanes keep their workers between epochs."""
+    return replace(cfg, persistent_workers=cfg.num_workers > 0)
 
 
 def _tune_options() -> dict[str, Any]:

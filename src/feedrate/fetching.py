@@ -36,6 +36,18 @@ from feedrate.forwarding import Forwarding
 #: More threads than this per process stop helping and start costing (stacks, GIL hand-offs).
 MAX_THREADS = 256
 
+#: Guards making a process's pools; made anew in a forked child (a parent's thread may have
+#: held it at the fork).
+_LOCK = threading.Lock()
+
+
+def _new_lock() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
 
 class SampleFetchError(RuntimeError):
     """A sample failed while fetched on a thread; the message names its index. Constructible
@@ -46,7 +58,7 @@ class Threaded(Forwarding, Dataset[Any]):
     """``inner`` with each batch's samples fetched on ``threads`` threads (see the module)."""
 
     def __init__(self, inner: Any, threads: int) -> None:
-        super().__init__(inner, threads=threads, _pool=None, _pool_pid=None, _lock=None)
+        super().__init__(inner, threads=threads, _pool=None, _pool_pid=None)
 
     def __len__(self) -> int:
         return len(self._feedrate_inner)
@@ -54,7 +66,7 @@ class Threaded(Forwarding, Dataset[Any]):
     def __getitem__(self, index: Any) -> Any:
         return self._feedrate_inner[index]
 
-    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+    def __getitems__(self, indices: Sequence[Any]) -> Any:
         indices = list(indices)
         if self.threads <= 1 or len(indices) <= 1:
             return _serial(self._feedrate_inner, indices)
@@ -69,9 +81,7 @@ class Threaded(Forwarding, Dataset[Any]):
         """This process's pool, made on first use (a pool inherited by fork has no threads)."""
         pid = os.getpid()
         if self._pool is None or self._pool_pid != pid:
-            if self._pool_pid != pid:
-                object.__setattr__(self, "_lock", threading.Lock())
-            with self._lock:
+            with _LOCK:
                 if self._pool is None or self._pool_pid != pid:
                     pool = ThreadPoolExecutor(self.threads, thread_name_prefix="feedrate-fetch")
                     object.__setattr__(self, "_pool", pool)
@@ -143,9 +153,9 @@ def _shutdown(pool: ThreadPoolExecutor) -> None:
     pool.shutdown(wait=not own_thread, cancel_futures=True)
 
 
-def _serial(dataset: Any, indices: list[Any]) -> list[Any]:
+def _serial(dataset: Any, indices: list[Any]) -> Any:
     own = getattr(dataset, "__getitems__", None)
-    return list(own(indices)) if own is not None else [dataset[i] for i in indices]
+    return own(indices) if own is not None else [dataset[i] for i in indices]
 
 
 def _gather(futures: list[Future[Any]], indices: list[Any]) -> list[Any]:
@@ -167,14 +177,13 @@ def _gather(futures: list[Future[Any]], indices: list[Any]) -> list[Any]:
     return out
 
 
-def _listed(own: Any, chunk: list[Any]) -> list[Any]:
-    return list(own(chunk))
-
-
-def _chunked(pool: ThreadPoolExecutor, own: Any, indices: list[Any], threads: int) -> list[Any]:
+def _chunked(pool: ThreadPoolExecutor, own: Any, indices: list[Any], threads: int) -> Any:
+    """The dataset's own ``__getitems__`` on contiguous chunks, joined in order. Its result for
+    a chunk must be a list (or tuple) of samples to be joined; anything else (a dict or tensor
+    for a custom ``collate_fn``) cannot be, and the whole batch is fetched in one call."""
     size = math.ceil(len(indices) / min(threads, len(indices)))
     chunks = [indices[i : i + size] for i in range(0, len(indices), size)]
-    futures = [pool.submit(_listed, own, c) for c in chunks]
+    futures = [pool.submit(own, c) for c in chunks]
     out: list[Any] = []
     for chunk, future in zip(chunks, futures, strict=True):
         exc = future.exception()
@@ -186,5 +195,8 @@ def _chunked(pool: ThreadPoolExecutor, own: Any, indices: list[Any], threads: in
                 f"sample indices {where} failed in the dataset's __getitems__ on a fetch thread: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        out.extend(future.result())
+        part = future.result()
+        if not isinstance(part, list | tuple):
+            return own(indices)  # not a list of samples: no joining chunks of it
+        out.extend(part)
     return out

@@ -99,7 +99,7 @@ def _with(base: LoaderConfig, workers: int, **changes: object) -> LoaderConfig:
     between epochs: restarting them is start-up, judged apart (``advice.judge_persistent``),
     and repeated restarts would only make trials slower."""
     pf = base.prefetch_factor if base.num_workers else None
-    cfg = LoaderConfig(workers, base.pin_memory, pf, workers > 0, base.in_order)
+    cfg = LoaderConfig(workers, base.pin_memory, pf, workers > 0, base.in_order, base.threads)
     return replace(cfg, **changes) if changes else cfg  # type: ignore[arg-type]
 
 
@@ -382,8 +382,11 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     lower = [t for t in main if t.config.num_workers < w]
     if lower and w > 1:
         prev = max(lower, key=lambda t: t.config.num_workers)
-        if (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0) < STALL_GAIN:
-            return None  # the last doubling did not cut the stall: more workers cannot feed it
+        cut = (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0)
+        if cut < STALL_GAIN and not beats(top, prev):
+            # The last doubling neither cut the stall nor delivered more (a step that takes
+            # next to no time stalls ~100% at any rate): more workers cannot feed it.
+            return None
     nxt = 1 if w == 0 else min(2 * w, space.max_workers)
     return (
         _with(space.baseline, nxt),

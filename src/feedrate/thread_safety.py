@@ -128,6 +128,9 @@ def check(dataset: Any, threads: int, samples: int = SAMPLES) -> ThreadCheck:
     except Exception as exc:  # the user's code: the trials will show it too
         return ThreadCheck(ok=False, error=f"fetching one by one failed first: {exc}")
     deterministic = first == second
+    found = hazards(data)  # handles a dataset opens on first use exist only now
+    if found:
+        return ThreadCheck(ok=False, hazards=found, compared=len(indices))
     pool = Threaded(data, threads)
     try:
         together = [digest(x) for x in pool.__getitems__(indices)]

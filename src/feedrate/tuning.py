@@ -228,8 +228,6 @@ class _Run:
             if proposal is None:
                 break
             config, why = proposal
-            if config.threads > 1 and not self._threads_safe(config.threads):
-                continue  # the check took threads out of the space
             skip = search.predict_over_budget(self.space, self.trials, config)
             if skip is not None:
                 self.trials.append(Trial(config, why, skipped=skip))
@@ -242,6 +240,8 @@ class _Run:
                     f"trials; the search had more to try (next: {config.label()})"
                 )
                 break
+            if config.threads > 1 and not self._threads_safe(config.threads):
+                continue  # the check took threads out of the space
             self.trial(config, why)
         self.confirm(baseline)
         return self.finish(baseline)

@@ -1,0 +1,327 @@
+"""What does ``feedrate.autotune`` cost while it tunes, and once it is tuned?
+
+For each pipeline of ``pipelines.py`` a simulated accelerator consumes the batches: a sleep of
+``samples / R`` per batch, with R = ``RATE_SHARE`` of the pipeline's best loader-only rate (read
+from ``benchmarks/results/tune_vs_grid.json``, else measured here at one worker per CPU). Map-style
+pipelines iterate a longer epoch (their indices repeated to about ``EPOCH_S`` seconds at R), so
+an epoch is long against worker start-up, as in training.
+
+1. *Static*: a few fixed configurations (pf=2, persistent), each on a fresh loader for
+   ``EPOCHS`` epochs: the fewest workers that kept this consumer fed in tune_vs_grid's consumer
+   grid, half and twice that (or 1, 2, 4, 8 when unknown). The best static configuration is the
+   one with the shortest steady epoch (epochs after the first); its first epoch is the cold one.
+2. *Autotune*: ``feedrate.autotune(loader, cache=False)`` for ``EPOCHS`` epochs. Criteria (issue
+   5): first epoch ≤ 1.15 × the best static first epoch; later epochs (median) ≤ 1.03 × its
+   steady epoch.
+3. *Watching*: the best static loader against ``autotune`` started from that configuration (as
+   after an earlier run: from the cache, so it only watches), one epoch each, alternating order,
+   ``ROUNDS`` rounds after a first epoch each: median ratio ≤ 1.01.
+
+    python benchmarks/autotune.py                          # all pipelines (~30 min)
+    python benchmarks/autotune.py --pipelines images,remote,tabular --quick
+    python benchmarks/autotune.py --render benchmarks/results/autotune.json
+
+Results: ``benchmarks/results/autotune.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from common import leftover_children, machine_line, on_sigterm
+from torch.utils.data import DataLoader, Sampler
+
+import feedrate
+from feedrate import cache
+from feedrate.config import LoaderConfig, is_iterable_style, rebuild
+from feedrate.machine import collect
+from feedrate.measuring import _sample_counter, measure
+
+from pipelines import BY_NAME, PIPELINES
+
+SCHEMA = "feedrate.bench.autotune/1"
+RATE_SHARE = 0.5
+EPOCH_S, QUICK_EPOCH_S = 12.0, 6.0
+EPOCHS, ROUNDS = 3, 3
+FIRST_MAX, LATER_MAX, WATCH_MAX = 1.15, 1.03, 1.01
+
+
+class Repeat(Sampler[int]):
+    """The indices ``0..n-1``, ``times`` times over, in order."""
+
+    def __init__(self, n: int, times: int) -> None:
+        self.n, self.times = n, times
+
+    def __iter__(self) -> Iterator[int]:
+        for _ in range(self.times):
+            yield from range(self.n)
+
+    def __len__(self) -> int:
+        return self.n * self.times
+
+
+def long_epoch(loader: DataLoader[Any], rate: float, epoch_s: float) -> DataLoader[Any]:
+    """The same pipeline with its indices repeated to about ``epoch_s`` at ``rate``."""
+    if is_iterable_style(loader) or loader.batch_size is None:
+        return loader
+    n = len(loader.dataset)  # type: ignore[arg-type]
+    times = max(1, round(epoch_s * rate / n))
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=Repeat(n, times),
+        collate_fn=loader.collate_fn,
+        drop_last=loader.drop_last,
+    )
+
+
+def grid_record(name: str) -> dict[str, Any] | None:
+    path = Path("benchmarks/results/tune_vs_grid.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return next((p for p in data.get("pipelines", []) if p["name"] == name), None)
+
+
+def consumer_rate(name: str, loader: DataLoader[Any], cpus: int) -> tuple[float, str]:
+    record = grid_record(name)
+    if record is not None:
+        return RATE_SHARE * record["grid"]["best"]["median"], "tune_vs_grid.json grid best"
+    cfg = LoaderConfig(cpus, prefetch_factor=2, persistent_workers=True)
+    m = measure(loader, cfg, seconds=3.0)
+    return RATE_SHARE * m.samples_per_s, f"measured here at {cfg.label()}"
+
+
+def static_candidates(name: str) -> list[int]:
+    record = grid_record(name)
+    fed = None if record is None else record["consumer"].get("fed_w")
+    if fed is None and record is not None:
+        entries = record["consumer"]["consumer_grid"]["configs"]
+        measured = [e for e in entries if e["trial"].get("stall_fraction") is not None]
+        if measured:
+            fed = min(measured, key=lambda e: e["trial"]["stall_fraction"])["trial"]["config"][
+                "num_workers"
+            ]
+    if fed is None:
+        return [1, 2, 4, 8]
+    return sorted({max(0, fed // 2), fed, max(1, fed * 2)})
+
+
+def run_epochs(loader: Any, count: Any, rate: float, epochs: int) -> list[float]:
+    """Wall time of each epoch with the simulated consumer."""
+    times = []
+    for _ in range(epochs):
+        began = time.perf_counter()
+        for batch in loader:
+            time.sleep(count(batch) / rate)
+        times.append(time.perf_counter() - began)
+    return times
+
+
+def static(loader: DataLoader[Any], w: int, rate: float, epochs: int) -> dict[str, Any]:
+    cfg = LoaderConfig(w, prefetch_factor=2, persistent_workers=w > 0)
+    run = rebuild(loader, cfg)
+    times = run_epochs(run, _sample_counter(loader), rate, epochs)
+    del run
+    return {"config": cfg.to_dict(), "label": cfg.label(), "epochs": times}
+
+
+def watching(
+    loader: DataLoader[Any], best: LoaderConfig, rate: float, rounds: int
+) -> dict[str, Any]:
+    """The static best against autotune started from it (it only watches), interleaved."""
+    facts = collect()
+    before = os.environ.get("FEEDRATE_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["FEEDRATE_CACHE_DIR"] = folder
+        cache.save(
+            cache.key(facts, loader, {"autotune": 1}),
+            {"schema": "feedrate.autotune/1", "config": best.to_dict()},
+        )
+        plain = rebuild(loader, best)
+        auto = feedrate.autotune(loader, machine=facts)
+        count = _sample_counter(loader)
+        run_epochs(plain, count, rate, 1)  # first epochs: worker start-up, not watching
+        run_epochs(auto, count, rate, 1)
+        pairs = []
+        for r in range(rounds):
+            order = [("static", plain), ("autotune", auto)]
+            got: dict[str, float] = {}
+            for label, it in order if r % 2 == 0 else reversed(order):
+                got[label] = run_epochs(it, count, rate, 1)[0]
+            pairs.append(got)
+        settled_on = auto.config.label()
+        retunes = auto.report().retunes
+        auto.close()
+        del plain
+    if before is None:
+        os.environ.pop("FEEDRATE_CACHE_DIR", None)
+    else:
+        os.environ["FEEDRATE_CACHE_DIR"] = before
+    ratios = [p["autotune"] / p["static"] for p in pairs]
+    return {
+        "rounds": pairs,
+        "ratio_median": statistics.median(ratios),
+        "ratios": ratios,
+        "config": settled_on,
+        "retunes": retunes,
+    }
+
+
+def bench(name: str, quick: bool, rounds: int) -> dict[str, Any]:
+    p = BY_NAME[name]
+    base = p.factory()
+    cpus = collect().cpus_usable
+    rate, source = consumer_rate(name, base, cpus)
+    loader = long_epoch(base, rate, QUICK_EPOCH_S if quick else EPOCH_S)
+    epochs = 2 if quick else EPOCHS
+    statics = []
+    for w in static_candidates(name):
+        s = static(loader, w, rate, epochs)
+        statics.append(s)
+        print(f"{name:<9} static {s['label']:<22} epochs {_fmt(s['epochs'])}", flush=True)
+    best = min(statics, key=lambda s: (statistics.median(s["epochs"][1:]), s["epochs"][0]))
+    auto = feedrate.autotune(loader, cache=False)
+    auto_times = run_epochs(auto, _sample_counter(loader), rate, epochs)
+    report = auto.report()
+    auto.close()
+    print(f"{name:<9} autotune → {report.config.label():<18} epochs {_fmt(auto_times)}", flush=True)
+    steady = statistics.median(best["epochs"][1:])
+    first_ratio = auto_times[0] / best["epochs"][0]
+    later_ratio = statistics.median(auto_times[1:]) / steady
+    watch = watching(loader, LoaderConfig.from_dict(best["config"]), rate, rounds)
+    print(f"{name:<9} watching: ratio {watch['ratio_median']:.3f}", flush=True)
+    return {
+        "name": name,
+        "kind": p.kind,
+        "rate": rate,
+        "rate_source": source,
+        "epoch_batches": len(loader) if not is_iterable_style(loader) else None,
+        "static": statics,
+        "best_static": best["label"],
+        "autotune": {
+            "epochs": auto_times,
+            "config": report.config.label(),
+            "report": report.to_dict(),
+        },
+        "first_ratio": first_ratio,
+        "later_ratio": later_ratio,
+        "watching": watch,
+        "criteria": {
+            "first": first_ratio <= FIRST_MAX,
+            "later": later_ratio <= LATER_MAX,
+            "watching": watch["ratio_median"] <= WATCH_MAX,
+        },
+    }
+
+
+def _fmt(times: list[float]) -> str:
+    return ", ".join(f"{t:.2f} s" for t in times)
+
+
+def _mark(ok: bool) -> str:
+    return "pass" if ok else "**fail**"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    out = [
+        f"# autotune while training runs{' (--quick)' if data['quick'] else ''}",
+        "",
+        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
+        f"{data.get('wall_s', 0) / 60:.0f} min.",
+        "",
+        f"Machine: {machine_line(data['machine'])}.",
+        "",
+        f"Consumer: a sleep of samples / R per batch, R = {RATE_SHARE:.0%} of the pipeline's best "
+        f"loader-only rate. Criteria: first epoch ≤ {FIRST_MAX} × the best static first epoch; "
+        f"later epochs ≤ {LATER_MAX} × its steady epoch; watching ≤ {WATCH_MAX} × static.",
+        "",
+        "| pipeline | kind | R (samples/s) | best static | its epochs | autotune settled on | "
+        "autotune epochs | first / static | later / static | watching / static | first | "
+        "later | watching |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in data["pipelines"]:
+        best = next(s for s in p["static"] if s["label"] == p["best_static"])
+        c = p["criteria"]
+        w = p["watching"]
+        out.append(
+            f"| {p['name']} | {p['kind']} | {p['rate']:,.0f} | {p['best_static']} | "
+            f"{_fmt(best['epochs'])} | {p['autotune']['config']} | "
+            f"{_fmt(p['autotune']['epochs'])} | {p['first_ratio']:.3f} | "
+            f"{p['later_ratio']:.3f} | {w['ratio_median']:.3f} "
+            f"({min(w['ratios']):.3f}–{max(w['ratios']):.3f}) | {_mark(c['first'])} | "
+            f"{_mark(c['later'])} | {_mark(c['watching'])} |"
+        )
+    out += ["", "Static configurations measured (epoch times):", ""]
+    for p in data["pipelines"]:
+        cells = "; ".join(f"{s['label']}: {_fmt(s['epochs'])}" for s in p["static"])
+        out.append(f"* {p['name']}: {cells}")
+    return "\n".join(out) + "\n"
+
+
+def write(data: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "autotune.json").write_text(json.dumps(data, indent=1))
+    (out / "autotune.md").write_text(markdown(data))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="shorter epochs, 2 epochs each")
+    ap.add_argument("--pipelines", help="comma-separated (default all)")
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="watching rounds (default 3)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
+    ap.add_argument("--render", metavar="JSON", help="render a saved run again, no measuring")
+    args = ap.parse_args(argv)
+    if args.render:
+        data = json.loads(Path(args.render).read_text())
+        print(markdown(data))
+        return 0
+    names = args.pipelines.split(",") if args.pipelines else [p.name for p in PIPELINES]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        ap.error(f"unknown pipelines {unknown}; known: {','.join(BY_NAME)}")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    began = time.perf_counter()
+    facts = collect()
+    print(f"machine: {machine_line(facts.to_dict())}", flush=True)
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "command": " ".join(["python", "benchmarks/autotune.py", *(argv or sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "feedrate_version": feedrate.__version__,
+        "quick": args.quick,
+        "machine": facts.to_dict(),
+        "pipelines": [],
+    }
+    try:
+        for name in names:
+            data["pipelines"].append(bench(name, args.quick, args.rounds))
+            data["wall_s"] = time.perf_counter() - began
+            write(data, args.out)
+    except KeyboardInterrupt:
+        print("interrupted; finished pipelines are in", args.out)
+        return 130
+    finally:
+        left = leftover_children()
+        if left:
+            print(f"ended {len(left)} leftover worker processes: {left}")
+    print(markdown(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
