@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-compare bench-quick clean
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,5 +26,13 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
+# feedrate against the grid, the folklore rules and the other tuners (their own environment,
+# .venv-peers, is made on first use): `make bench-quick` in about 10 minutes, `bench-compare` in hours.
+bench-quick: $(STAMP)
+	$(BIN)/python benchmarks/compare.py --quick
+
+bench-compare: $(STAMP)
+	$(BIN)/python benchmarks/compare.py
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-peers .mypy_cache .ruff_cache .pytest_cache

@@ -55,7 +55,7 @@ from pipelines import BY_NAME, EXAMPLES
 
 SCHEMA = "feedrate.bench.threads/1"
 PROCESS_WORKERS = (0, 2, 4, 8, 16, 32, 48, 64, 96, 128)
-THREAD_WORKERS = (1, 2, 4, 8)
+THREAD_WORKERS = (1, 2, 4, 8, 16)
 THREADS = (4, 8, 16, 32, 64)
 QUICK_PROCESS_WORKERS = (0, 2, 8, 32, 64, 128)
 QUICK_THREAD_WORKERS = (2, 4)
@@ -216,10 +216,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "latency": [],
         "cpu": [],
     }
-    for name in LATENCY:
+    for name in args.latency:
         data["latency"].append(bench_latency(name, args.rounds, args.quick))
         write(data, args.out)
-    if not args.quick:
+    if not args.quick and not args.latency_only:
         for name in CPU_PIPELINES:
             data["cpu"].append(bench_cpu(name))
             write(data, args.out)
@@ -347,7 +347,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help=f"interleaved rounds (default {ROUNDS}, quick 1)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
     ap.add_argument("--render", metavar="JSON", help="render a saved run again, no measuring")
+    ap.add_argument(
+        "--latency", default=",".join(LATENCY), help=f"of {','.join(LATENCY)} (default both)"
+    )
+    ap.add_argument("--latency-only", action="store_true", help="skip the CPU-bound tunes")
     args = ap.parse_args(argv)
+    args.latency = [n for n in args.latency.split(",") if n]
+    unknown = [n for n in args.latency if n not in LATENCY]
+    if unknown:
+        ap.error(f"unknown latency pipelines {unknown}")
     if args.render:
         data = json.loads(Path(args.render).read_text())
         write(data, args.out)

@@ -321,3 +321,24 @@ def test_online_from_a_non_persistent_start_still_searches() -> None:
     )
     proposal = propose_online(s, [start])
     assert proposal is not None and proposal[0].num_workers == 4
+
+
+def test_online_tries_no_workers_once_more_workers_stop_helping() -> None:
+    # Tiny samples and a loop that takes no time: no configuration feeds it; workers do not
+    # beat each other and no workers is fastest.
+    s = space(cpus=2, consumer=True, baseline=LoaderConfig(2, prefetch_factor=2))
+    trials = [
+        make_trial(
+            LoaderConfig(2, prefetch_factor=2, persistent_workers=True),
+            "start",
+            tiny(LoaderConfig(2)),
+            1e9,
+        )
+    ]
+    for _ in range(20):
+        proposal = propose_online(s, trials)
+        if proposal is None:
+            break
+        trials.append(make_trial(proposal[0], proposal[1], tiny(proposal[0]), 1e9))
+    best = choose(s, trials)
+    assert best is not None and best.config.num_workers == 0

@@ -228,11 +228,7 @@ class _Stretch:
             reason=self.reason,
             samples_per_s=sum(n) / total if total > 0 else 0.0,
             spread=Spread(
-                rates,
-                statistics.median(rates),
-                min(rates),
-                max(rates),
-                statistics.stdev(rates) if len(rates) > 1 else 0.0,
+                rates, statistics.median(rates), min(rates), max(rates), _robust_sd(rates)
             ),
             stall_fraction=sum(w) / total if total > 0 else None,
         )
@@ -240,6 +236,15 @@ class _Stretch:
             _add_figures(trial, self.probe)
         self.stop()
         return trial
+
+
+def _robust_sd(rates: list[float]) -> float:
+    """The windows' spread as 1.4826 × their median absolute deviation: a window of a few
+    batches that came out of a full queue (a burst) must not make every trial look noisy."""
+    if len(rates) < 2:
+        return 0.0
+    mid = statistics.median(rates)
+    return 1.4826 * statistics.median(abs(r - mid) for r in rates)
 
 
 def _add_figures(trial: Trial, probe: ProcessProbe) -> None:

@@ -423,7 +423,16 @@ def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
     return _with(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
 
 
-_online_steps = (_fewer, _threads, _double, _bisect)
+def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Online, once more workers stopped helping and none feeds the loop: no workers at all
+    (cheap samples are fastest without inter-process copies)."""
+    main = series(space, trials)
+    if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
+        return None
+    return _with(space.baseline, 0), "more workers stopped helping: no workers at all?"
+
+
+_online_steps = (_fewer, _threads, _double, _bisect, _zero)
 
 
 def propose_online(space: Space, trials: list[Trial]) -> Proposal | None:
