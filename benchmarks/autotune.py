@@ -43,7 +43,7 @@ from common import leftover_children, machine_line, on_sigterm
 from torch.utils.data import DataLoader, Sampler
 
 import feedrate
-from feedrate import cache
+from feedrate import autotuning, cache
 from feedrate.config import LoaderConfig, is_iterable_style, rebuild
 from feedrate.machine import collect
 from feedrate.measuring import _sample_counter, measure
@@ -147,7 +147,7 @@ def watching(
     with tempfile.TemporaryDirectory() as folder:
         os.environ["FEEDRATE_CACHE_DIR"] = folder
         cache.save(
-            cache.key(facts, loader, {"autotune": 1}),
+            autotuning.cache_key(facts, loader, None, False),
             {"schema": "feedrate.autotune/1", "config": best.to_dict()},
         )
         plain = rebuild(loader, best)

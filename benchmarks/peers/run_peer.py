@@ -3,7 +3,7 @@ our benchmark pipelines, and report what it picked as JSON.
 
 Run it with the peers' virtual environment (see README.md beside this file), not feedrate's::
 
-    /work/peers-venv/bin/python benchmarks/peers/run_peer.py --peer loadtune --pipeline tabular \
+    .venv-peers/bin/python benchmarks/peers/run_peer.py --peer loadtune --pipeline tabular \
         --json out.json
 
 Peers:

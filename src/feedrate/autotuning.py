@@ -277,8 +277,8 @@ class AutoLoader:
         self._facts = machine or collect()
         self._split = not is_iterable_style(loader) and loader.batch_sampler is not None
         self._count = _sample_counter(loader)
-        options = {**_OPTIONS, "max_workers": max_workers, "allow_threads": allow_threads}
-        self._cache_key = cache.key(self._facts, loader, options) if use_cache else None
+        key = cache_key(self._facts, loader, max_workers, allow_threads)
+        self._cache_key = key if use_cache else None
         # tune's budgets: memory (and a cgroup limit), /dev/shm, open files, max_workers.
         space = tuning_space(self._facts, loader, None, max_workers, None, False)
         self._space = replace(
@@ -594,6 +594,14 @@ class AutoLoader:
         if self._cache_key is not None:
             doc = {"schema": "feedrate.autotune/1", "config": config.to_dict()}
             cache.save(self._cache_key, doc)
+
+
+def cache_key(
+    facts: MachineFacts, loader: DataLoader[Any], max_workers: int | None, allow_threads: bool
+) -> str:
+    """Where autotune keeps the settings it settled on for this loader on this machine."""
+    options = {**_OPTIONS, "max_workers": max_workers, "allow_threads": allow_threads}
+    return cache.key(facts, loader, options)
 
 
 def _online(cfg: LoaderConfig) -> LoaderConfig:

@@ -424,11 +424,15 @@ def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
 
 
 def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Online, once more workers stopped helping and none feeds the loop: no workers at all
-    (cheap samples are fastest without inter-process copies)."""
+    """Online, once more workers stopped helping and none feeds the loop, unless the workers
+    were busy computing or mostly waiting: no workers at all (cheap samples are fastest without
+    inter-process copies)."""
     main = series(space, trials)
     if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
         return None
+    best = fastest(main)
+    if best is None or bottleneck(best, space.cpus) in ("cpu", "latency"):
+        return None  # busy workers or waiting ones: without them the loop would do it all
     return _with(space.baseline, 0), "more workers stopped helping: no workers at all?"
 
 
