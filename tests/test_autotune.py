@@ -214,3 +214,15 @@ def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:
         assert auto._pending is None
         assert auto.report().trials  # it went on measuring
     assert same(want, got)
+
+
+def test_threads_with_leave_are_searched_and_checked() -> None:
+    # 3 ms waits, 16 a batch, a loop of 2 ms: workers mostly wait, so with leave the tuner tries
+    # threads inside workers (after the thread-safety check) and keeps the same batches.
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(4))  # noqa: E731
+    want = epochs(make(), 2)
+    with feedrate.autotune(make(), allow_threads=True, cache=False) as auto:
+        got = epochs(auto, 2, step_s=0.002)
+        tried = [t.config.threads for t in auto.report().trials]
+        assert max(tried) > 1, auto.report()
+    assert same(want, got)

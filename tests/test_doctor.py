@@ -134,7 +134,8 @@ def test_the_same_records_in_arrays_do_not() -> None:
 
 
 def test_sample_run_reads_worker_memory_and_the_first_batch() -> None:
-    run = sampling.sample_run(DataLoader(TinyDataset(4096), batch_size=16), seconds=0.5)
+    # An epoch far longer than the 0.5 s sampled, so the workers live long enough to be read.
+    run = sampling.sample_run(DataLoader(TinyDataset(1 << 17), batch_size=16), seconds=0.5)
     assert len(run.workers) == 2 and run.batches >= 2
     assert all(w.uss_early > 0 and w.uss_late > 0 and w.os_threads >= 1 for w in run.workers)
     assert run.tensors_per_batch == 1 and run.batch_bytes == 16 * 8 * 4
