@@ -20,6 +20,7 @@ configurations within the noise of the fastest the cheapest wins.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -161,8 +162,16 @@ def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) ->
 
 def propose(space: Space, trials: list[Trial]) -> Proposal | None:
     """The next configuration to try and why, or None when the search is done."""
+    return _first(_consumer_steps if space.consumer else _fastest_steps, space, trials)
+
+
+def _first(
+    steps: tuple[Callable[[Space, list[Trial]], Proposal | None], ...],
+    space: Space,
+    trials: list[Trial],
+) -> Proposal | None:
+    """The first step's proposal that is new and within max_workers."""
     tried = {t.config for t in trials}
-    steps = _consumer_steps if space.consumer else _fastest_steps
     for step in steps:
         proposal = step(space, trials)
         if (
@@ -443,16 +452,7 @@ def propose_online(space: Space, trials: list[Trial]) -> Proposal | None:
     """``autotune``'s next configuration while training runs: from where it started, fewer
     workers while the step stays fed, more while the stall falls (threads where allowed), then
     bisect; None when settled. No anchors: every trial costs training time."""
-    tried = {t.config for t in trials}
-    for step in _online_steps:
-        proposal = step(space, trials)
-        if (
-            proposal is not None
-            and proposal[0] not in tried
-            and proposal[0].num_workers <= space.max_workers
-        ):
-            return proposal
-    return None
+    return _first(_online_steps, space, trials)
 
 
 def choose(space: Space, trials: list[Trial]) -> Trial | None:
