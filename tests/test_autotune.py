@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import feedrate
-from feedrate.autotuning import AutoLoader
+from feedrate.autotuning import RETUNE_STALL, WATCH_S, AutoLoader
 from feedrate.errors import UserError
 
 from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset
@@ -175,6 +175,49 @@ def test_bad_input() -> None:
         feedrate.autotune([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(UserError, match="max_workers"):
         feedrate.autotune(DataLoader(TinyDataset(8)), max_workers=-1)
+    for rate in (0, -5.0, float("nan"), "fast"):
+        with pytest.raises(UserError, match="rate must be a positive number"):
+            feedrate.autotune(DataLoader(TinyDataset(8)), rate=rate)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="budget_s must be a positive number"):
+        feedrate.autotune(DataLoader(TinyDataset(8)), budget_s=0)
+
+
+def test_budget_spent_settles_on_the_best_so_far() -> None:
+    loader = DataLoader(SLOW, batch_size=16)
+    with feedrate.autotune(loader, budget_s=0.01, cache=False) as auto:
+        epochs(auto, 1, step_s=0.004)
+        report = auto.report()
+        assert report.settled and len(report.trials) == 1  # starved, yet no second trial
+        assert [e.what for e in report.events][:1] == ["stop trying"]
+        assert "budget_s=0.01" in str(report)
+
+
+def test_a_rate_above_the_loops_pace_is_not_taken_as_fed() -> None:
+    # Tiny samples and a 20 ms step: any configuration feeds this loop (~400 samples/s), none
+    # is shown to deliver rate=50,000; the report says the loop limited what could be measured.
+    with feedrate.autotune(DataLoader(TinyDataset(800), batch_size=8), rate=5e4, cache=False) as a:
+        epochs(a, 1, step_s=0.02)
+        report = a.report()
+        assert all(t.stall_fraction is not None and t.stall_fraction > 0.9 for t in report.trials)
+        assert "rate=50,000" in str(report) and "cannot be measured" in str(report)
+
+
+def test_a_loop_that_cannot_be_fed_is_not_re_tuned_from_the_cache() -> None:
+    # A step that takes no time waits for every batch whatever the settings: the stall it
+    # settled with is kept in the cache, and the next run watching it does not tune again.
+    def make() -> DataLoader[Any]:
+        return DataLoader(SleepDataset(600, sleep_s=0.0005), batch_size=4)
+
+    with feedrate.autotune(make(), budget_s=0.01) as first:
+        epochs(first, 1)
+        assert first.report().settled
+    with feedrate.autotune(make()) as again:
+        assert "cached" in again.report().started_from
+        assert again._settled_stall is not None and again._settled_stall > RETUNE_STALL
+        began = time.perf_counter()
+        while time.perf_counter() - began < 3 * WATCH_S:  # a few watch windows
+            epochs(again, 1)
+        assert again.report().retunes == 0
 
 
 def test_tunes_a_loader_with_its_own_non_persistent_workers() -> None:

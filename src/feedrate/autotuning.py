@@ -55,6 +55,11 @@ TRIAL_S = 0.5
 WATCH_BATCHES = 64
 WATCH_S = 2.0
 RETUNE_STALL = 2 * search.STALL_MARGIN
+#: Windows in a row whose stall must exceed the settled one by ``RETUNE_STALL`` to tune again
+#: (one noisy window must not cost a round of trials).
+RETUNE_WINDOWS = 2
+#: The default ``budget_s``: training seconds one round of tuning may spend on trials.
+BUDGET_S = 60.0
 #: Cache options of autotune's own entries (tune's entries are read too).
 _OPTIONS = {"autotune": 1}
 
@@ -209,9 +214,11 @@ class _Stretch:
         if self.probe is not None:
             self.probe.__exit__()
 
-    def trial(self) -> Trial:
+    def trial(self, rate: float | None = None) -> Trial:
         """The measured batches as a Trial: rate delivered to the loop, in up to 4 windows,
-        the stall, and where the CPU time and memory went."""
+        the stall, and where the CPU time and memory went. With the consumer's ``rate``, the
+        stall is the larger of the one measured and ``1 - delivered / rate``: a loop slower
+        than ``rate`` never shows whether the loader could keep up with it."""
         if self.probe is not None:
             self.probe.window_close(time.perf_counter())
         w, s = self.waits[self.warmup :], self.steps[self.warmup :]
@@ -232,6 +239,8 @@ class _Stretch:
             ),
             stall_fraction=sum(w) / total if total > 0 else None,
         )
+        if rate is not None and trial.stall_fraction is not None:
+            trial.stall_fraction = max(trial.stall_fraction, 1.0 - trial.samples_per_s / rate)
         if self.probe is not None:
             _add_figures(trial, self.probe)
         self.stop()
@@ -272,8 +281,11 @@ class AutoLoader:
         allow_threads: bool,
         use_cache: bool,
         machine: MachineFacts | None,
+        rate: float | None = None,
+        budget_s: float = BUDGET_S,
     ) -> None:
         self._user = loader
+        self._rate, self._budget_s = rate, budget_s
         self._facts = machine or collect()
         self._split = not is_iterable_style(loader) and loader.batch_sampler is not None
         self._count = _sample_counter(loader)
@@ -287,7 +299,7 @@ class AutoLoader:
             max_threads=thread_cap(loader) if self._split else 1,
             allow_threads=allow_threads,
         )
-        start, started_from = self._start_config(use_cache)
+        start, started_from, cached_stall = self._start_config(use_cache)
         # An IterableDataset that does not shard by worker yields its whole stream once per
         # worker: one that runs without workers keeps running without them.
         fixed = is_iterable_style(loader) and config_of(loader).num_workers == 0
@@ -311,8 +323,12 @@ class AutoLoader:
             None if cached else _Stretch(start, f"start: {started_from}", 0)
         )
         self._pending: _Stretch | None = None
-        self._settled_stall = 0.0
+        # The stall the settled configuration leaves (the loop's own pace may keep it above zero);
+        # from the cache without one, the first watch window measures it.
+        self._settled_stall: float | None = cached_stall if cached else 0.0
         self._watch = (0.0, 0.0, 0)
+        self._over = 0  # watch windows in a row over the settled stall
+        self._round_began: float | None = None  # when this round of tuning began
         self._epoch = 0
         self._warmup_cap = 1 << 30
         self._seed = 0
@@ -473,13 +489,21 @@ class AutoLoader:
         waited, stepped, n = waited + wait, stepped + step, n + 1
         if n >= WATCH_BATCHES and waited + stepped >= WATCH_S:
             stall = waited / (waited + stepped)
-            if stall > max(RETUNE_STALL, self._settled_stall + RETUNE_STALL):
-                self._retune(stall, now)
+            if self._settled_stall is None:
+                self._settled_stall = stall  # the reference: settled earlier, on this loop
+            elif stall > max(RETUNE_STALL, self._settled_stall + RETUNE_STALL):
+                self._over += 1
+                if self._over >= RETUNE_WINDOWS:
+                    self._retune(stall, now)
+            else:
+                self._over = 0
             waited, stepped, n = 0.0, 0.0, 0
         self._watch = (waited, stepped, n)
 
     def _retune(self, stall: float, now: float) -> None:
         cfg = self._report.config
+        self._over = 0
+        self._round_began = None
         self._report.retunes += 1
         self._report.settled = False
         self._trials = []  # the old steps no longer describe the loop
@@ -493,9 +517,15 @@ class AutoLoader:
         """Close the current trial; the next configuration, or None to stay (settled)."""
         st = self._stretch
         assert st is not None
-        self._trials.append(st.trial())
+        now = time.perf_counter()
+        if self._round_began is None:
+            self._round_began = st.began
+        self._trials.append(st.trial(self._rate))
         self._stretch = None
-        while (proposal := search.propose_online(self._space, self._trials)) is not None:
+        spent = now - self._round_began >= self._budget_s
+        if spent:
+            self._event("stop trying", f"budget_s={self._budget_s:g} s of trials spent")
+        while not spent and (proposal := search.propose_online(self._space, self._trials)):
             if proposal[0].threads > 1 and not self._threads_safe(proposal[0].threads):
                 continue
             skip = search.predict_over_budget(self._space, self._trials, proposal[0])
@@ -505,9 +535,10 @@ class AutoLoader:
             self._trials.append(Trial(proposal[0], proposal[1], skipped=skip))
         best = search.choose(self._space, self._trials) or self._trials[-1]
         self._report.settled = True
+        self._round_began = None
         self._settled_stall = best.stall_fraction or 0.0
-        self._event(f"settled on {best.config.label()}", _why(best))
-        self._save(best.config)
+        self._event(f"settled on {best.config.label()}", _why(best, self._rate))
+        self._save(best.config, self._settled_stall)
         if best.config != self._report.config:
             return best.config, "settled"
         return None
@@ -571,28 +602,36 @@ class AutoLoader:
 
     # --- the cache ---------------------------------------------------------------------------
 
-    def _start_config(self, use_cache: bool) -> tuple[LoaderConfig, str]:
+    def _start_config(self, use_cache: bool) -> tuple[LoaderConfig, str, float | None]:
         """The cached settings (within max_workers and allow_threads), else yours when they
         use workers, else one worker per usable CPU with your other settings."""
         space = self._space
         if use_cache:
             tune_key = cache.key(self._facts, self._user, _tune_options())
             for key in (self._cache_key, tune_key):
-                config = _cached_config(cache.load(key) if key else None)
+                doc = cache.load(key) if key else None
+                config = _cached_config(doc)
                 fits = config is not None and config.num_workers <= space.max_workers
                 if config is not None and fits and (config.threads == 1 or space.allow_threads):
-                    return _online(config), "the cached settings of an earlier run"
+                    stall = doc.get("stall") if doc and key == self._cache_key else None
+                    return (
+                        _online(config),
+                        "the cached settings of an earlier run",
+                        stall if isinstance(stall, float) else None,
+                    )
         own = config_of(self._user)
         if own.num_workers > 0:
             capped = replace(own, num_workers=min(own.num_workers, max(1, space.max_workers)))
-            return _online(capped), "your settings"
+            return _online(capped), "your settings", None
         w = min(self._facts.cpus_usable, space.max_workers)
         start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
-        return _online(start), f"{w} workers, one per usable CPU"
+        return _online(start), f"{w} workers, one per usable CPU", None
 
-    def _save(self, config: LoaderConfig) -> None:
+    def _save(self, config: LoaderConfig, stall: float) -> None:
+        """The settings, and the stall they left this loop (the reference the next run
+        watches against: a loop that cannot be fed must not look like a stall come back)."""
         if self._cache_key is not None:
-            doc = {"schema": "feedrate.autotune/1", "config": config.to_dict()}
+            doc = {"schema": "feedrate.autotune/1", "config": config.to_dict(), "stall": stall}
             cache.save(self._cache_key, doc)
 
 
@@ -630,16 +669,25 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
     return None
 
 
-def _why(best: Trial) -> str:
+def _why(best: Trial, rate: float | None) -> str:
     stall = best.stall_fraction or 0.0
+    pace = "the step" if rate is None else f"the step at rate={rate:,.0f} samples/s"
     if search.covers(best):
-        return f"{best.config.label()} keeps the step fed ({stall:.0%} stall)"
-    return f"no configuration tried keeps the step fed; {best.config.label()} stalls {stall:.0%}"
+        return f"{best.config.label()} keeps {pace} fed ({stall:.0%} stall)"
+    why = f"no configuration tried keeps {pace} fed; {best.config.label()} stalls {stall:.0%}"
+    if rate is not None and best.samples_per_s < rate and (best.stall_fraction or 0) > 0:
+        why += (
+            f" (the loop took {best.samples_per_s:,.0f} samples/s: a loader faster than its "
+            "loop cannot be measured)"
+        )
+    return why
 
 
 def autotune(
     loader: DataLoader[Any],
     *,
+    rate: float | None = None,
+    budget_s: float = BUDGET_S,
     max_workers: int | None = None,
     allow_threads: bool = False,
     cache: bool = True,
@@ -653,6 +701,12 @@ def autotune(
     it in the cache shared with ``tune`` (the next run starts there), and tunes again if the
     stall comes back. ``allow_threads`` lets it fetch on threads inside workers (a thread-safe
     ``__getitem__`` is needed). ``.config`` is the settings in use, ``.report()`` what it tried.
+
+    ``rate``: the samples/s your loop will take at its fastest, when you know it (e.g. after
+    compilation): a configuration then counts as feeding the loop only if it also delivered
+    that rate (a loop slower than ``rate`` cannot show a loader faster than itself, so the
+    report says when that limited the answer). ``budget_s``: training seconds one round of
+    tuning may spend on trials; once spent, it settles on the best configuration so far.
     """
     if not isinstance(loader, DataLoader):
         raise UserError(
@@ -660,10 +714,16 @@ def autotune(
         )
     if max_workers is not None and max_workers < 0:
         raise UserError(f"max_workers must be 0 or more, got {max_workers}")
+    if rate is not None and not (isinstance(rate, int | float) and 0 < rate < float("inf")):
+        raise UserError(f"rate must be a positive number of samples/s, got {rate!r}")
+    if not (isinstance(budget_s, int | float) and budget_s > 0):
+        raise UserError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
     return AutoLoader(
         loader,
         max_workers=max_workers,
         allow_threads=allow_threads,
         use_cache=cache,
         machine=machine,
+        rate=None if rate is None else float(rate),
+        budget_s=float(budget_s),
     )

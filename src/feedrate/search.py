@@ -33,6 +33,9 @@ NOISE_FLOOR = 0.03
 STALL_MARGIN = 0.05
 #: With a consumer, doubling the workers must cut the stall by at least this much to go on.
 STALL_GAIN = 0.03
+#: Online, no workers are tried after one worker fed the loop only when the stall predicted
+#: without them (``zero_stall``) is below this: a bad trial costs training time.
+ZERO_STALL = 0.25
 #: /dev/shm needed per batch in flight, over the batch's own bytes (headroom for fragmentation).
 SHM_HEADROOM = 1.5
 #: Open files the main process holds per worker (queues, pipes) and per batch in flight (one per
@@ -396,11 +399,15 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
             # The last doubling neither cut the stall nor delivered more (a step that takes
             # next to no time stalls ~100% at any rate): more workers cannot feed it.
             return None
-    nxt = 1 if w == 0 else min(2 * w, space.max_workers)
+    step = 2
+    if w and bottleneck(top, space.cpus) == "latency":
+        below = max(lower, key=lambda t: t.config.num_workers, default=None)
+        step = _step_up(space, top, below if below and below.config.num_workers else None)
+    nxt = 1 if w == 0 else min(step * w, space.max_workers)
+    more = "four times the workers (they mostly wait)" if step == 4 else "more workers"
     return (
         _with(space.baseline, nxt),
-        f"{w} workers leave the consumer waiting "
-        f"{top.stall_fraction or 0:.0%} of the time: more workers",
+        f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time: {more}",
     )
 
 
@@ -429,7 +436,17 @@ def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
     c = min(fed)
     if any(not covers(t) and t.config.num_workers < c for t in main):
         return None  # _bisect's ground
+    if c == 1 and zero_stall(next(t for t in main if t.config.num_workers == 1)) > ZERO_STALL:
+        return None  # the worker's CPU time, moved into the loop, would stall it
     return _with(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
+
+
+def zero_stall(t: Trial) -> float:
+    """The stall predicted without workers for a loop fed by ``t``: each second of the loop would
+    also do the CPU work the workers did in it (their inter-process copies aside)."""
+    work = t.workers_cpu
+    step = 1.0 - (t.stall_fraction or 0.0)
+    return work / (work + step) if work + step > 0 else 0.0
 
 
 def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
