@@ -34,6 +34,17 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     _err.print(f"wrote {path}")
 
 
+def _device_option(fn: F) -> F:
+    """--device: where the training loop copies batches (measure and tune)."""
+    return click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="Copy each batch to this device in the measured loop (cuda, cuda:1, mps); auto: "
+        "the accelerator torch sees, if any; cpu: no copy.",
+    )(fn)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="feedrate")
 def cli() -> None:
@@ -114,6 +125,7 @@ def env(json_path: Path | None) -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the measurement as JSON (schema feedrate.measure/1).",
 )
+@_device_option
 def measure(
     target: str,
     num_workers: int | None,
@@ -125,6 +137,7 @@ def measure(
     windows_count: int,
     timeout_s: float,
     json_path: Path | None,
+    device: str,
 ) -> None:
     """Measure one configuration of TARGET's DataLoader: start-up, steady-state samples/s with
     its spread, CPU and memory of every process."""
@@ -156,6 +169,7 @@ def measure(
             windows_count=windows_count,
             timeout_s=timeout_s,
             target=target,
+            device=device,
         )
     _out.print(render.measurement(result))
     if json_path is not None:
@@ -247,6 +261,7 @@ def _consumer_options(fn: F) -> F:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write a self-contained HTML report.",
 )
+@_device_option
 def tune(
     target: str,
     rate: float | None,
@@ -261,6 +276,7 @@ def tune(
     json_path: Path | None,
     plot_path: Path | None,
     html_path: Path | None,
+    device: str,
 ) -> None:
     """Find the DataLoader settings that make TARGET fastest on this machine, or, with a
     consumer (--rate, --step-time, --step), the cheapest that keep it fed; explain why."""
@@ -285,6 +301,7 @@ def tune(
             fresh=fresh,
             target=target,
             progress=progress.update,
+            device=device,
         )
     _show_tune(result, json_path, plot_path, html_path)
 
@@ -371,6 +388,44 @@ _STEP_NAMES = {
     "memory": "watching worker memory",
     "performance": "measuring your settings and a few alternatives",
 }
+
+
+@cli.command()
+@click.option(
+    "--sizes",
+    default="64K,1M,16M,128M",
+    show_default=True,
+    help="Copy sizes, comma-separated (K, M, G = KiB, MiB, GiB).",
+)
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="cuda, cuda:N or mps.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the figures as JSON (schema feedrate.transfer/1).",
+)
+def transfer(sizes: str, repeats: int, device: str, json_path: Path | None) -> None:
+    """Host-to-device and device-to-host bandwidth from pageable and pinned memory, and the
+    cost of pinning each batch against reusing a pinned buffer (as CUDA's bandwidthTest)."""
+    from feedrate import checks_transfer, render
+    from feedrate import transfer as tr
+
+    byte_sizes = tr.parse_sizes(sizes)
+    dev = tr.parse_device(device)
+    if dev is None:
+        _out.print(f"skipped: {tr.NO_ACCELERATOR}.")
+        if json_path is not None:
+            _write_json(json_path, {"schema": tr.SCHEMA, "skipped": tr.NO_ACCELERATOR})
+        return
+    with _err.status(f"timing copies to {dev} …", spinner="dots"):
+        result = tr.bandwidth(dev, byte_sizes, repeats)
+    findings = checks_transfer.bandwidth_findings(result.sizes)
+    _out.print(render.transfer_result(result, findings))
+    if json_path is not None:
+        doc = result.to_dict()
+        doc["findings"] = [f.to_dict() for f in findings]
+        _write_json(json_path, doc)
 
 
 @cli.command()

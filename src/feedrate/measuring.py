@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 import feedrate
@@ -29,6 +30,7 @@ from feedrate.fetching import unthreaded
 from feedrate.machine import MachineFacts, collect
 from feedrate.probe import ProbeReport, ProcessProbe
 from feedrate.results import Measurement, Spread, WindowSummary
+from feedrate.transfer import DeviceStep, parse_device
 
 LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
 
@@ -100,6 +102,7 @@ def measure(
     target: str | None = None,
     report_index: bool = True,
     consumer: Consumer | None = None,
+    device: torch.device | str | None = "auto",
 ) -> Measurement:
     """Measure ``source`` (a DataLoader or a zero-argument callable returning one) rebuilt with
     ``config`` (default: its own settings).
@@ -107,6 +110,10 @@ def measure(
     Measures ``batches`` steady-state batches or ``seconds`` of steady state (default 10 s), in
     ``windows_count`` windows. With a ``consumer`` each batch is handed to it, as a training loop
     would, and the result's ``stall_fraction`` is the share of time spent waiting for data.
+    With an accelerator ``device`` ("auto": the one torch sees, if any), each batch is first
+    copied to it (``non_blocking`` when the settings pin memory) and the loop waits for the copy
+    and the step on the device (CUDA events), so ``pin_memory`` is judged end to end;
+    ``transfer`` holds the device times.
 
     Raises ``PipelineError`` when the pipeline fails (its exception, a killed worker, no batch
     for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
@@ -122,8 +129,14 @@ def measure(
         dataset = IndexReportingDataset(unthreaded(user_loader.dataset))
     loader = rebuild(user_loader, config, dataset=dataset)
     facts = machine or collect()
+    consume: Callable[[Any, int], None] | None = consumer
+    on_device = None
+    dev = parse_device(device) if isinstance(device, str) else device
+    if dev is not None:
+        on_device = DeviceStep(dev, bool(config.pin_memory), consumer)
+        consume = on_device
     try:
-        timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consumer)
+        timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume)
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
     rate = windows.summarize(timeline.windows)
@@ -142,8 +155,9 @@ def measure(
         notes=_notes(config, facts, timeline, report),
         feedrate_version=feedrate.__version__,
         batch_bytes=nbytes,
-        stall_fraction=None if consumer is None else windows.stall_fraction(timeline.windows),
+        stall_fraction=None if consume is None else windows.stall_fraction(timeline.windows),
         consumer=None if consumer is None else consumer.to_dict(),
+        transfer=None if on_device is None else on_device.figures(),
     )
 
 
@@ -169,7 +183,7 @@ def _run(
     plan: windows.WindowPlan,
     clock: windows.Clock,
     timeout_s: float | None,
-    consumer: Consumer | None,
+    consumer: Callable[[Any, int], None] | None,
 ) -> tuple[windows.Timeline, ProbeReport, int | None]:
     current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None}
     counter = _sample_counter(loader)

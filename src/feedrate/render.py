@@ -15,6 +15,7 @@ from feedrate.machine import MachineFacts
 from feedrate.probe import ProcessFigures
 from feedrate.report import Report
 from feedrate.results import Measurement, Trial, TuneResult
+from feedrate.transfer import TransferResult
 
 
 def size(n: int | float | None) -> str:
@@ -145,6 +146,20 @@ def measurement_summary(m: Measurement) -> Table:
         ),
         ("/dev/shm peak", size(m.processes.shm_peak_bytes) + " above its level at start"),
     ]
+    if m.transfer:
+        t = m.transfer
+        rows.append(
+            (
+                "copy to device",
+                f"{t['copy_s_per_batch'] * 1e3:.2f} ms per batch to {t['device']} "
+                f"(non_blocking={t['non_blocking']}; "
+                + (
+                    "device time from CUDA events)"
+                    if str(t["device"]).startswith("cuda")
+                    else "host clock around a device sync)"
+                ),
+            )
+        )
     title = f"feedrate measure {m.target}" if m.target else "feedrate measure"
     return _kv_table(rows, title=title)
 
@@ -240,6 +255,9 @@ def recommendation(result: TuneResult) -> Table:
         rows.append(("persistent_workers", persistent))
     if result.machine.get("accelerator", "none") == "none":
         rows.append(("pin_memory", "no effect here: there is no accelerator to copy to"))
+    else:
+        pin = next((f for f in result.findings if f.id == "pin-memory-measured"), None)
+        rows.append(("pin_memory", pin.message if pin else "not measured (--device cpu)"))
     rows.append(("code", result.code))
     origin = " (from the cache: --fresh measures again)" if result.from_cache else ""
     rows.append(("search", f"{len(result.trials)} trials in {result.search_seconds:.0f} s{origin}"))
@@ -356,3 +374,30 @@ def doctor_report(report: Report) -> RenderableType:
         parts.append(Text("no problems found", style="bold green"))
     parts.append(findings_list(report.findings))
     return Group(*parts)
+
+
+def transfer_result(result: TransferResult, findings: list[Finding]) -> RenderableType:
+    """``feedrate transfer``: bandwidth per size and direction, pinning against reuse."""
+    title = f"host ↔ {result.device} ({result.device_name}), median of {result.repeats}"
+    table = Table(title=title)
+    for col in (
+        "size",
+        "H2D pageable",
+        "H2D pinned",
+        "D2H pageable",
+        "D2H pinned",
+        "pin_memory()",
+        "copy to pinned buffer",
+    ):
+        table.add_column(col, justify="right")
+    for r in result.sizes:
+        table.add_row(
+            size(r.bytes),
+            f"{r.h2d_pageable_gbps:.1f} GB/s",
+            f"{r.h2d_pinned_gbps:.1f} GB/s",
+            f"{r.d2h_pageable_gbps:.1f} GB/s",
+            f"{r.d2h_pinned_gbps:.1f} GB/s",
+            f"{r.pin_s * 1e3:.2f} ms",
+            f"{r.reuse_s * 1e3:.2f} ms",
+        )
+    return Group(table, Text(""), findings_list(findings))

@@ -104,6 +104,9 @@ class Measurement:
     batch_bytes: int | None = None
     stall_fraction: float | None = None
     consumer: dict[str, Any] | None = None
+    #: With an accelerator: each batch copied to it in the loop (``device``, ``non_blocking``,
+    #: ``copy_s_per_batch`` and ``step_s_per_batch`` of device time, from CUDA events).
+    transfer: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window
@@ -131,6 +134,7 @@ class Measurement:
             "batch_bytes": self.batch_bytes,
             "consumer": self.consumer,
             "stall_fraction": self.stall_fraction,
+            "transfer": self.transfer,
             "notes": self.notes,
         }
 
@@ -170,6 +174,7 @@ class Measurement:
             batch_bytes=d.get("batch_bytes"),
             stall_fraction=d.get("stall_fraction"),
             consumer=d.get("consumer"),
+            transfer=d.get("transfer"),
         )
 
     @classmethod
@@ -210,6 +215,8 @@ class Trial:
     batch_bytes: int | None = None
     stall_fraction: float | None = None
     system_busy_cpus: float | None = None
+    #: Device seconds per batch of the copy to the accelerator, where there is one.
+    copy_s_per_batch: float | None = None
     verdict: str = ""
     skipped: str | None = None
     error: str | None = None
@@ -289,6 +296,7 @@ class Trial:
             batch_bytes=m.batch_bytes,
             stall_fraction=m.stall_fraction,
             system_busy_cpus=m.processes.system_busy_cpus,
+            copy_s_per_batch=(m.transfer or {}).get("copy_s_per_batch"),
         )
 
     def to_dict(self) -> dict[str, Any]:

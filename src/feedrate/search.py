@@ -483,7 +483,15 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
     if space.consumer:
         fed = [t for t in measured if covers(t)]
         if fed:
-            return min(fed, key=lambda t: (t.config.num_workers, t.config.threads, t.memory_bytes))
+            return min(
+                fed,
+                key=lambda t: (
+                    t.config.num_workers,
+                    t.config.threads,
+                    bool(t.config.pin_memory),
+                    t.memory_bytes,
+                ),
+            )
     top = max(measured, key=lambda t: t.median)
     equal = [t for t in measured if not beats(top, t)]
     return min(
@@ -492,6 +500,7 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
             t.config.num_workers,
             t.config.threads,
             t.config.prefetch_factor or 0,
+            bool(t.config.pin_memory),  # locked memory: only where it pays
             t.memory_bytes,
         ),
     )

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import advice, cache, checks, search, thread_safety
+from feedrate import advice, cache, checks, checks_transfer, search, thread_safety, transfer
 from feedrate.checks_threads import thread_findings
 from feedrate.config import LoaderConfig, config_of, is_iterable_style
 from feedrate.consumer import Consumer, make_consumer
@@ -67,6 +68,7 @@ def tune(
     target: str | None = None,
     progress: Callable[[Progress], None] | None = None,
     machine: MachineFacts | None = None,
+    device: str | None = "auto",
 ) -> TuneResult:
     """Find the best DataLoader settings for ``source`` on this machine.
 
@@ -80,11 +82,15 @@ def tune(
     Where workers mostly wait, threads inside workers (``feedrate.threaded``) are measured too,
     after a thread-safety check; they are recommended only with ``allow_threads`` (they need a
     thread-safe ``__getitem__``), otherwise a finding says what they measured.
+
+    Where an accelerator exists (``device``: "auto", a torch device name, or "cpu" for none),
+    every trial copies each batch to it, and ``pin_memory`` is tried both ways on the answer.
     """
     loader = source() if callable(source) and not isinstance(source, DataLoader) else source
     if not isinstance(loader, DataLoader):
         raise UserError(f"expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit)
+    dev = transfer.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     facts = machine or collect()
     space = _space(facts, loader, consumer, max_workers, memory_limit, allow_reorder)
@@ -93,19 +99,21 @@ def tune(
         max_threads=thread_cap(loader),
         allow_threads=allow_threads or space.baseline.threads > 1,
     )
-    options = {
+    options: dict[str, Any] = {
         "consumer": consumer.to_dict() if consumer else None,
         "max_workers": max_workers,
         "memory_limit": memory_limit,
         "allow_reorder": allow_reorder,
         "allow_threads": allow_threads,
     }
+    if dev is not None:
+        options["device"] = str(dev)
     cache_key = cache.key(facts, loader, options)
     if use_cache and not fresh:
         hit = _from_cache(cache_key, source)
         if hit is not None:
             return hit
-    run = _Run(loader, space, consumer, trial_seconds, budget_s, facts, target, progress)
+    run = _Run(loader, space, consumer, trial_seconds, budget_s, facts, target, progress, dev)
     result = run.search()
     result.findings = by_severity([*result.findings, *_doctor_checks(loader, facts, result)])
     result._source = source
@@ -208,8 +216,10 @@ class _Run:
         facts: MachineFacts,
         target: str | None,
         progress: Callable[[Progress], None] | None,
+        dev: torch.device | None = None,
     ) -> None:
         self.loader, self.space, self.consumer = loader, space, consumer
+        self.dev = dev
         self.trial_seconds, self.budget_s = trial_seconds, budget_s
         self.facts, self.target, self.progress = facts, target, progress
         self.trials: list[Trial] = []
@@ -243,8 +253,29 @@ class _Run:
             if config.threads > 1 and not self._threads_safe(config.threads):
                 continue  # the check took threads out of the space
             self.trial(config, why)
+        self._pin_trial()
         self.confirm(baseline)
         return self.finish(baseline)
+
+    def _pin_trial(self) -> None:
+        """With an accelerator, the answer so far with pin_memory the other way (the loop copies
+        each batch to the device, non_blocking from pinned memory), within the pinned budget."""
+        if self.dev is None or self.partial_reason is not None:
+            return
+        best = search.choose(self.space, self.trials)
+        if best is None:
+            return
+        flipped = replace(best.config, pin_memory=not best.config.pin_memory)
+        if any(t.config == flipped for t in self.trials):
+            return
+        why = f"pin_memory={flipped.pin_memory}: copies to {self.dev} " + (
+            "from pinned memory, non_blocking" if flipped.pin_memory else "from pageable memory"
+        )
+        skip = checks_transfer.pinned_over_budget(flipped, best.batch_bytes, self.facts.to_dict())
+        if skip is not None:
+            self.trials.append(Trial(flipped, why, skipped=skip))
+        elif self.elapsed() + self.last_trial_s <= self.budget_s:
+            self.trial(flipped, why)
 
     def _threads_safe(self, threads: int) -> bool:
         """Run the thread-safety check once, before the first threaded trial; a failure takes
@@ -298,6 +329,7 @@ class _Run:
                 consumer=self.consumer,
                 machine=self.facts,
                 target=self.target,
+                device=self.dev,
             )
             trial = Trial.of(m, why)
         except (WorkerKilledError, PipelineTimeoutError) as exc:
@@ -347,10 +379,16 @@ class _Run:
                 epoch_samples,
                 self.loader.batch_size,
             )
-            + thread_findings(self.space, self.thread_check, self.trials, best),
+            + thread_findings(self.space, self.thread_check, self.trials, best)
+            + self._transfer_findings(best),
             search_seconds=self.elapsed(),
             reason=advice.reason(self.space, best, baseline, described, self.trials),
-            code=advice.code_line(self.loader, final),
+            code=advice.code_line(self.loader, final)
+            + (
+                ""
+                if self.dev is None
+                else "\n" + checks_transfer.copy_line(str(self.dev), bool(final.pin_memory))
+            ),
             target=self.target,
             batch_size=self.loader.batch_size,
             consumer=self.consumer.to_dict() if self.consumer else None,
@@ -360,6 +398,29 @@ class _Run:
             partial_reason=self.partial_reason,
             feedrate_version=feedrate.__version__,
         )
+
+    def _transfer_findings(self, best: Trial) -> list[Finding]:
+        """With an accelerator: what pinning measured end to end, and the memory it locks."""
+        if self.dev is None:
+            return []
+        found = []
+        flipped = replace(best.config, pin_memory=not best.config.pin_memory)
+        other = next((t for t in self.trials if t.measured and t.config == flipped), None)
+        if other is not None:
+            pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
+            pays, why = checks_transfer.pin_pays(pageable, pinned)
+            found.append(
+                Finding(
+                    "pin-memory-measured",
+                    "info",
+                    f"on {self.dev}: {why}",
+                    checks_transfer.copy_line(str(self.dev), pays),
+                )
+            )
+        pinned_f = checks_transfer.pinned_finding(best.config, best, self.facts.to_dict())
+        if pinned_f is not None:
+            found.append(pinned_f)
+        return found
 
 
 def _epoch_samples(loader: DataLoader[Any]) -> int | None:

@@ -1,0 +1,183 @@
+"""The host-to-device leg: the decisions from synthetic figures (any machine), the plumbing with
+the CPU standing in for a device, the plain skip without an accelerator, and the real thing on
+CUDA (skipped where there is none)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from feedrate import checks_transfer, transfer, tuning
+from feedrate.config import LoaderConfig
+from feedrate.errors import UserError
+from feedrate.measuring import measure
+from feedrate.results import Spread, Trial
+from feedrate.transfer import DeviceStep, SizeFigures
+
+from pipelines import TinyDataset
+
+CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here: the GPU path is checked on a machine with one",
+)
+NO_ACCELERATOR = pytest.mark.skipif(
+    transfer.device() is not None, reason="this machine has an accelerator"
+)
+CPU = torch.device("cpu")  # stands in for a device: the copies are no-ops, the plumbing is real
+
+
+def trial(pin: bool, rate: float, copy_s: float | None = None, batch_bytes: int = 2**20) -> Trial:
+    windows = [rate * f for f in (0.99, 1.0, 1.01, 1.0)]
+    return Trial(
+        LoaderConfig(2, pin_memory=pin, prefetch_factor=2, persistent_workers=True),
+        "test",
+        samples_per_s=rate,
+        spread=Spread(windows, rate, min(windows), max(windows), rate * 0.008),
+        batch_bytes=batch_bytes,
+        copy_s_per_batch=copy_s,
+    )
+
+
+def test_pinning_pays_only_beyond_the_noise() -> None:
+    pays, why = checks_transfer.pin_pays(trial(False, 1000, 0.004), trial(True, 1300, 0.001))
+    assert pays and "30% faster" in why and "4.00 → 1.00 ms" in why
+    pays, why = checks_transfer.pin_pays(trial(False, 1000), trial(True, 1010))
+    assert not pays and "only locks RAM" in why
+    unmeasured = Trial(LoaderConfig(2, pin_memory=True), "x", skipped="over budget")
+    assert checks_transfer.pin_pays(trial(False, 1000), unmeasured)[0] is False
+
+
+def test_pinned_memory_in_flight_and_its_budget() -> None:
+    cfg = LoaderConfig(4, pin_memory=True, prefetch_factor=2)
+    assert checks_transfer.pinned_in_flight(cfg, 2**20) == 9 * 2**20  # 8 queued + 1 in the loop
+    assert checks_transfer.pinned_in_flight(LoaderConfig(4, prefetch_factor=2), 2**20) is None
+    small = {"memory_total_bytes": 8 * 2**30}
+    assert checks_transfer.pinned_over_budget(cfg, 2**20, small) is None
+    why = checks_transfer.pinned_over_budget(cfg, 200 * 2**20, small)
+    assert why is not None and "over the pinned budget" in why
+    big = trial(True, 1000, batch_bytes=200 * 2**20)
+    f = checks_transfer.pinned_finding(replace_workers(big.config, 4), big, small)
+    assert f is not None and f.severity == "warning" and "prefetch_factor=1" in f.fix
+    ok = checks_transfer.pinned_finding(cfg, trial(True, 1000), small)
+    assert ok is not None and ok.severity == "info"
+
+
+def replace_workers(cfg: LoaderConfig, w: int) -> LoaderConfig:
+    return LoaderConfig(w, cfg.pin_memory, cfg.prefetch_factor, cfg.persistent_workers)
+
+
+def test_bandwidth_findings_read_the_batch_size_row() -> None:
+    rows = [
+        SizeFigures(2**16, 2.0, 2.1, 2.0, 2.1, 1e-5, 1e-5),  # small: pinning no faster
+        SizeFigures(2**24, 6.0, 24.0, 6.5, 25.0, 4e-3, 5e-4),  # large: 4x, pinning costly
+    ]
+    small = checks_transfer.bandwidth_findings(rows, batch_bytes=50_000)
+    assert [f.id for f in small] == ["pinned-copies-no-faster"]
+    large = checks_transfer.bandwidth_findings(rows, batch_bytes=10 * 2**20)
+    assert [f.id for f in large] == ["pinned-copies-faster", "pinning-costs"]
+    assert "300% faster" in large[0].message
+    line = checks_transfer.copy_line("cuda:0", True)
+    assert line == 'batch = batch.to("cuda", non_blocking=True)'
+
+
+def test_sizes_and_devices_are_checked() -> None:
+    assert transfer.parse_sizes("64K, 1M,2g,100") == [2**16, 2**20, 2**31, 100]
+    for bad in ("12Q", "0", "99G"):
+        with pytest.raises(UserError, match="--sizes"):
+            transfer.parse_sizes(bad)
+    assert transfer.parse_device("cpu") is None
+    with pytest.raises(UserError, match="not a torch device"):
+        transfer.parse_device("gpu0")
+
+
+@NO_ACCELERATOR
+def test_without_an_accelerator_the_device_is_none_and_cuda_is_refused() -> None:
+    assert transfer.parse_device("auto") is None
+    with pytest.raises(UserError, match="no accelerator"):
+        transfer.parse_device("cuda")
+
+
+def test_to_device_keeps_the_batch_structure() -> None:
+    Pair = namedtuple("Pair", "x y")
+    batch = {"a": [torch.ones(2), (torch.zeros(1), "label")], "b": Pair(torch.ones(1), 3)}
+    moved = transfer.to_device(batch, CPU, non_blocking=False)
+    assert isinstance(moved["b"], Pair) and moved["b"].y == 3
+    assert isinstance(moved["a"][1], tuple) and moved["a"][1][1] == "label"
+    assert torch.equal(moved["a"][0], torch.ones(2))
+
+
+def test_device_step_copies_then_runs_the_step() -> None:
+    seen: list[tuple[torch.Tensor, int]] = []
+    step = DeviceStep(CPU, non_blocking=False, inner=lambda b, n: seen.append((b, n)))
+    step(torch.ones(4), 4)
+    step(torch.ones(4), 4)
+    figures = step.figures()
+    assert figures["batches"] == 2 and len(seen) == 2 and seen[0][1] == 4
+    assert figures["copy_s_per_batch"] >= 0 and figures["step_s_per_batch"] is not None
+
+
+def test_measure_with_a_device_copies_every_batch() -> None:
+    m = measure(DataLoader(TinyDataset(256), batch_size=8), batches=20, device=CPU)
+    assert m.transfer is not None and m.transfer["batches"] >= 20
+    assert Trial.of(m, "x").copy_s_per_batch is not None
+    assert m.stall_fraction is not None  # the copy is the loop's work
+    again = type(m).from_dict(json.loads(m.to_json()))
+    assert again.transfer == m.transfer
+
+
+@pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
+def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer, "parse_device", lambda _name: CPU)
+    r = tuning.tune(
+        DataLoader(TinyDataset(512), batch_size=8), budget_s=30, trial_seconds=0.3, use_cache=False
+    )
+    pins = {t.config.pin_memory for t in r.trials if t.measured and t.config == r.best.config}
+    flipped = [t for t in r.trials if t.reason.startswith("pin_memory=")]
+    assert len(flipped) == 1 and flipped[0].measured and pins
+    assert {f.id for f in r.findings} >= {"pin-memory-measured"}
+    assert 'batch = batch.to("cpu", non_blocking=' in r.code
+
+
+@NO_ACCELERATOR
+def test_transfer_command_says_plainly_it_skips(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "feedrate", "transfer", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "skipped: no accelerator" in proc.stdout
+    assert json.loads(out.read_text())["schema"] == "feedrate.transfer/1"
+
+
+@CUDA
+def test_bandwidth_on_cuda() -> None:
+    dev = transfer.device()
+    assert dev is not None
+    result = transfer.bandwidth(dev, [2**20, 16 * 2**20], repeats=3)
+    for row in result.sizes:
+        assert row.h2d_pinned_gbps > 0 and row.h2d_pageable_gbps > 0 and row.pin_s > 0
+    assert transfer.TransferResult.from_dict(result.to_dict()) == result
+
+
+@CUDA
+def test_a_cuda_step_is_timed_on_the_device() -> None:
+    dev = transfer.device()
+    assert dev is not None
+    weight = torch.randn(2048, 2048, device=dev)
+
+    def step(batch: torch.Tensor, _n: int) -> None:
+        for _ in range(20):
+            batch = batch @ weight  # queued work: only events and a wait see its time
+
+    run = DeviceStep(dev, non_blocking=True, inner=step)
+    run(torch.randn(2048, 2048).pin_memory(), 1)
+    assert run.figures()["step_s_per_batch"] > run.figures()["copy_s_per_batch"] > 0
