@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import leftover_children, machine_line, on_sigterm
+from common import leftover_children, machine_line, on_sigterm, provenance
 from torch.utils.data import DataLoader, Sampler
 
 import feedrate
@@ -303,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/autotune.py", *(argv or sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "feedrate_version": feedrate.__version__,
+        **provenance(),
         "quick": args.quick,
         "machine": facts.to_dict(),
         "pipelines": [],

@@ -4,6 +4,7 @@ worker outlives a run (SIGTERM behaves like Ctrl-C, leftover children are ended)
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from types import FrameType
 from typing import Any
 
@@ -31,3 +32,20 @@ def leftover_children() -> list[int]:
 
 def on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # so every finally block runs and workers are stopped
+
+
+def git(*args: str) -> str | None:
+    """``git ARGS`` output in the current folder, or None (not a checkout, no git)."""
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def provenance() -> dict[str, object]:
+    """The commit measured, and whether src/ had changes not committed."""
+    return {
+        "feedrate_commit": git("rev-parse", "HEAD"),
+        "src_uncommitted_changes": bool(git("status", "--porcelain", "src")),
+    }

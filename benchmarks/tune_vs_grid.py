@@ -33,7 +33,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import tune_vs_grid_report as report
-from common import leftover_children, machine_line, on_sigterm
+from common import git, leftover_children, machine_line, on_sigterm
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
@@ -302,7 +301,7 @@ def bench_pipeline(bench: Bench, p: Pipeline, ui: report.Ui) -> dict[str, Any]:
     record.update(grid=grid, tune=tuned, remeasure=again, consumer=consumer)
     record["run"] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "feedrate_commit": _git("rev-parse", "HEAD"),
+        "feedrate_commit": git("rev-parse", "HEAD"),
     }
     record["raw_ratio"] = report.raw_ratio(grid, tuned)
     record["criteria"] = report.criteria(grid, tuned, again, consumer)
@@ -340,8 +339,8 @@ def meta(argv: Sequence[str] | None, bench: Bench, began: float, done: bool) -> 
         "command": " ".join(["python", "benchmarks/tune_vs_grid.py", *args]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "feedrate_version": feedrate.__version__,
-        "feedrate_commit": _git("rev-parse", "HEAD"),
-        "src_uncommitted_changes": bool(_git("status", "--porcelain", "src")),
+        "feedrate_commit": git("rev-parse", "HEAD"),
+        "src_uncommitted_changes": bool(git("status", "--porcelain", "src")),
         "complete": done,
         "wall_s": time.perf_counter() - began,
         "loadavg_1m_end": os.getloadavg()[0],
@@ -432,14 +431,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(report.markdown(data))
     console.print(f"wall time {data['wall_s']:.0f} s; results in {args.out}/tune_vs_grid.*")
     return 0
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import feedrate
-from feedrate.autotuning import RETUNE_STALL, WATCH_S, AutoLoader
+from feedrate.autotuning import RETUNE_STALL, TRIAL_BATCHES, TRIAL_S, WATCH_S, AutoLoader, _Stretch
+from feedrate.config import LoaderConfig
 from feedrate.errors import UserError
 
 from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset
@@ -269,3 +270,17 @@ def test_threads_with_leave_are_searched_and_checked() -> None:
         tried = [t.config.threads for t in auto.report().trials]
         assert max(tried) > 1, auto.report()
     assert same(want, got)
+
+
+def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:
+    def stretch(wait: float, step: float, batches: int) -> _Stretch:
+        st = _Stretch(LoaderConfig(2), "test", warmup=0)
+        for i in range(batches):
+            st.add(16, wait, step, (i + 1) * (wait + step))
+        return st
+
+    half, t_half = TRIAL_BATCHES // 2, TRIAL_S / 2
+    assert stretch(0.09, 0.01, half).done(t_half)  # waits 90%: plain already
+    assert not stretch(0.01, 0.09, half).done(t_half)  # fed: measured in full
+    assert not stretch(0.09, 0.01, half - 1).done(t_half)
+    assert stretch(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)

@@ -50,6 +50,8 @@ from feedrate.tuning import thread_cap
 #: A trial measures at least this many batches and seconds, after its warm-up batches.
 TRIAL_BATCHES = 12
 TRIAL_S = 0.5
+#: A trial whose loop waits more than this share of the time ends after half as many batches.
+STARVED = 0.5
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
 WATCH_BATCHES = 64
@@ -189,7 +191,14 @@ class _Stretch:
         return max(0, len(self.steps) - self.warmup)
 
     def done(self, now: float) -> bool:
-        return self.measured >= TRIAL_BATCHES and now - self.began >= TRIAL_S
+        """Enough measured; a loop starved most of the time is judged on half as much (the
+        verdict is plain, and every batch of it costs training time)."""
+        if self.measured >= TRIAL_BATCHES and now - self.began >= TRIAL_S:
+            return True
+        if self.measured < TRIAL_BATCHES // 2 or now - self.began < TRIAL_S / 2:
+            return False
+        waited = sum(self.waits[self.warmup :])
+        return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
 
     def start(self, lane: _Lane, now: float) -> None:
         """Watch ``lane``'s processes; with no warm-up the window opens now."""

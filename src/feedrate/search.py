@@ -33,6 +33,8 @@ NOISE_FLOOR = 0.03
 STALL_MARGIN = 0.05
 #: With a consumer, doubling the workers must cut the stall by at least this much to go on.
 STALL_GAIN = 0.03
+#: With a consumer, latency-bound workers are aimed at the consumer's pace with this to spare.
+AIM_MARGIN = 0.1
 #: Online, no workers are tried after one worker fed the loop only when the stall predicted
 #: without them (``zero_stall``) is below this: a bad trial costs training time.
 ZERO_STALL = 0.25
@@ -399,16 +401,30 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
             # The last doubling neither cut the stall nor delivered more (a step that takes
             # next to no time stalls ~100% at any rate): more workers cannot feed it.
             return None
-    step = 2
+    nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"
     if w and bottleneck(top, space.cpus) == "latency":
-        below = max(lower, key=lambda t: t.config.num_workers, default=None)
-        step = _step_up(space, top, below if below and below.config.num_workers else None)
-    nxt = 1 if w == 0 else min(step * w, space.max_workers)
-    more = "four times the workers (they mostly wait)" if step == 4 else "more workers"
+        nxt = min(_aim(space, top), space.max_workers)
+        more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
     return (
         _with(space.baseline, nxt),
         f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time: {more}",
     )
+
+
+def _aim(space: Space, top: Trial) -> int:
+    """Latency-bound workers scale about linearly: the count that would deliver the consumer's
+    own pace (its rate without the stall) with ``AIM_MARGIN`` to spare, between x1.25 and x16
+    the count tried, and no more than the CPU time projected at that count leaves room for.
+    Every starved trial costs (training time online, budget offline): aim, don't crawl."""
+    w = top.config.num_workers
+    stall = min(top.stall_fraction or 0.0, 0.99)
+    pace = top.median / (1 - stall) if top.median > 0 else math.inf
+    need = pace / top.median * (1 + AIM_MARGIN) if top.median > 0 else 16.0
+    factor = min(16.0, max(1.25, need))
+    cpu = top.main_cpu + top.workers_cpu
+    if cpu > 0:
+        factor = min(factor, max(2.0, 0.85 * space.cpus / cpu))
+    return max(w + 1, math.ceil(w * factor - 1e-9))
 
 
 def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
