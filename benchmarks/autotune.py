@@ -30,7 +30,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import leftover_children, machine_line, on_sigterm, provenance
+from common import guarded, machine_line, provenance
 from torch.utils.data import DataLoader, Sampler
 
 import feedrate
@@ -294,7 +293,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         ap.error(f"unknown pipelines {unknown}; known: {','.join(BY_NAME)}")
-    signal.signal(signal.SIGTERM, on_sigterm)
     began = time.perf_counter()
     facts = collect()
     print(f"machine: {machine_line(facts.to_dict())}", flush=True)
@@ -308,20 +306,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": facts.to_dict(),
         "pipelines": [],
     }
-    try:
+
+    def run() -> dict[str, Any]:
         for name in names:
             data["pipelines"].append(bench(name, args.quick, args.rounds))
             data["wall_s"] = time.perf_counter() - began
             write(data, args.out)
-    except KeyboardInterrupt:
-        print("interrupted; finished pipelines are in", args.out)
-        return 130
-    finally:
-        left = leftover_children()
-        if left:
-            print(f"ended {len(left)} leftover worker processes: {left}")
-    print(markdown(data))
-    return 0
+        return data
+
+    return guarded(run, args.out, markdown)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ worker outlives a run (SIGTERM behaves like Ctrl-C, leftover children are ended)
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -49,3 +52,20 @@ def provenance() -> dict[str, object]:
         "feedrate_commit": git("rev-parse", "HEAD"),
         "src_uncommitted_changes": bool(git("status", "--porcelain", "src")),
     }
+
+
+def guarded(run: Callable[[], dict[str, Any]], out: Path, render: Callable[[Any], str]) -> int:
+    """Run a benchmark: SIGTERM acts as Ctrl-C, an interruption says where the results so far
+    are (exit 130), no worker process outlives it; prints ``render(results)`` at the end."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        data = run()
+    except KeyboardInterrupt:
+        print("interrupted; results so far are in", out)
+        return 130
+    finally:
+        left = leftover_children()
+        if left:
+            print(f"ended {len(left)} leftover worker processes: {left}")
+    print(render(data))
+    return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import leftover_children, machine_line, on_sigterm
+from common import guarded, machine_line
 from torch.utils.data import DataLoader
 from tune_vs_grid import FULL_PREFETCH, FULL_WORKERS, grid_configs, measure_one
 
@@ -374,7 +373,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown pipelines {unknown}; known: {','.join(BY_NAME)}")
     rounds = args.rounds or (QUICK_ROUNDS if args.quick else ROUNDS)
-    signal.signal(signal.SIGTERM, on_sigterm)
     began = time.perf_counter()
     facts = collect()
     print(f"machine: {machine_line(facts.to_dict())}", flush=True)
@@ -389,20 +387,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": facts.to_dict(),
         "pipelines": [],
     }
-    try:
+
+    def run() -> dict[str, Any]:
         for name in names:
             data["pipelines"].append(bench(name, args.quick, rounds, facts))
             data["wall_s"] = time.perf_counter() - began
             write(data, args.out)
-    except KeyboardInterrupt:
-        print("interrupted; finished pipelines are in", args.out)
-        return 130
-    finally:
-        left = leftover_children()
-        if left:
-            print(f"ended {len(left)} leftover worker processes: {left}")
-    print(markdown(data))
-    return 0
+        return data
+
+    return guarded(run, args.out, markdown)
 
 
 if __name__ == "__main__":

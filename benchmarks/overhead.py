@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -43,7 +42,7 @@ from unittest import mock
 
 import overhead_costs as costs
 import overhead_report as report
-from common import leftover_children, machine_line, on_sigterm
+from common import leftover_children, machine_line, on_sigterm, provenance
 from overhead_schedule import WINDOWS, Schedule, plan_schedule
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -350,18 +349,9 @@ def _meta(argv: Sequence[str] | None) -> dict[str, Any]:
         "command": " ".join(["python", "benchmarks/overhead.py", *args]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "feedrate_version": feedrate.__version__,
-        "feedrate_commit": _git("rev-parse", "HEAD"),
-        "src_uncommitted_changes": bool(_git("status", "--porcelain", "src")),
+        **provenance(),
         "loadavg_1m": {"start": os.getloadavg()[0]},
     }
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import signal
 import statistics
 import sys
 import time
@@ -40,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import leftover_children, machine_line, on_sigterm
+from common import guarded, machine_line
 from torch.utils.data import DataLoader
 
 import feedrate
@@ -362,18 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(markdown(data))
         return 0
     args.rounds = args.rounds or (1 if args.quick else ROUNDS)
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        data = run(args)
-    except KeyboardInterrupt:
-        print("interrupted; results so far are in", args.out)
-        return 130
-    finally:
-        left = leftover_children()
-        if left:
-            print(f"ended {len(left)} leftover worker processes: {left}")
-    print(markdown(data))
-    return 0
+    return guarded(lambda: run(args), args.out, markdown)
 
 
 if __name__ == "__main__":

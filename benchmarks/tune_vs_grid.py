@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import tune_vs_grid_report as report
-from common import git, leftover_children, machine_line, on_sigterm
+from common import git, leftover_children, machine_line, on_sigterm, provenance
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
@@ -339,8 +339,7 @@ def meta(argv: Sequence[str] | None, bench: Bench, began: float, done: bool) -> 
         "command": " ".join(["python", "benchmarks/tune_vs_grid.py", *args]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "feedrate_version": feedrate.__version__,
-        "feedrate_commit": git("rev-parse", "HEAD"),
-        "src_uncommitted_changes": bool(git("status", "--porcelain", "src")),
+        **provenance(),
         "complete": done,
         "wall_s": time.perf_counter() - began,
         "loadavg_1m_end": os.getloadavg()[0],

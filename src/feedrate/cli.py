@@ -34,6 +34,11 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     _err.print(f"wrote {path}")
 
 
+def _file_option(name: str, dest: str, help_text: str) -> Callable[[F], F]:
+    """An option naming a file to write (--json, --plot, --html)."""
+    return click.option(name, dest, type=click.Path(dir_okay=False, path_type=Path), help=help_text)
+
+
 def _device_option(fn: F) -> F:
     """--device: where the training loop copies batches (measure and tune)."""
     return click.option(
@@ -56,12 +61,7 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the facts as JSON to this file.",
-)
+@_file_option("--json", "json_path", "Also write the facts as JSON to this file.")
 def env(json_path: Path | None) -> None:
     """Show the machine facts that decide DataLoader settings."""
     from feedrate import machine, render
@@ -119,11 +119,8 @@ def env(json_path: Path | None) -> None:
     show_default=True,
     help="Give up when no batch arrives for this many seconds.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the measurement as JSON (schema feedrate.measure/1).",
+@_file_option(
+    "--json", "json_path", "Also write the measurement as JSON (schema feedrate.measure/1)."
 )
 @_device_option
 def measure(
@@ -243,24 +240,9 @@ def _consumer_options(fn: F) -> F:
     "__getitem__, which a check tests first.",
 )
 @click.option("--fresh", is_flag=True, help="Measure again even if a cached result exists.")
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the result as JSON (schema feedrate.tune/1).",
-)
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write a PNG plot of samples/s against num_workers.",
-)
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write a self-contained HTML report.",
-)
+@_file_option("--json", "json_path", "Write the result as JSON (schema feedrate.tune/1).")
+@_file_option("--plot", "plot_path", "Write a PNG plot of samples/s against num_workers.")
+@_file_option("--html", "html_path", "Write a self-contained HTML report.")
 @_device_option
 def tune(
     target: str,
@@ -331,12 +313,7 @@ def tune(
     show_default=True,
     help="Stop a step as hung when no batch arrives for this many seconds.",
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Also write the report as JSON (schema feedrate.doctor/1).",
-)
+@_file_option("--json", "json_path", "Also write the report as JSON (schema feedrate.doctor/1).")
 def doctor(
     target: str,
     rate: float | None,
@@ -399,12 +376,7 @@ _STEP_NAMES = {
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="cuda, cuda:N or mps.")
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the figures as JSON (schema feedrate.transfer/1).",
-)
+@_file_option("--json", "json_path", "Write the figures as JSON (schema feedrate.transfer/1).")
 def transfer(sizes: str, repeats: int, device: str, json_path: Path | None) -> None:
     """Host-to-device and device-to-host bandwidth from pageable and pinned memory, and the
     cost of pinning each batch against reusing a pinned buffer (as CUDA's bandwidthTest)."""
@@ -432,18 +404,8 @@ def transfer(sizes: str, repeats: int, device: str, json_path: Path | None) -> N
 @click.argument(
     "run_json", metavar="RUN.json", type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@click.option(
-    "--plot",
-    "plot_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write a PNG plot (tune results).",
-)
-@click.option(
-    "--html",
-    "html_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write a self-contained HTML report (tune results).",
-)
+@_file_option("--plot", "plot_path", "Write a PNG plot (tune results).")
+@_file_option("--html", "html_path", "Write a self-contained HTML report (tune results).")
 def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> None:
     """Render a saved result (from --json) again, without measuring."""
     from feedrate import render
