@@ -89,6 +89,12 @@ def test_index_reporting_dataset_keeps_own_getitems() -> None:
 
     assert IndexReportingDataset(Batched(4)).__getitems__([0, 3]) == ["batch:0", "batch:3"]
 
+    class Columns(TinyDataset):  # a whole batch as columns, for its own collate_fn
+        def __getitems__(self, indices: list[int]) -> dict[str, list[int]]:
+            return {"index": list(indices)}
+
+    assert IndexReportingDataset(Columns(4)).__getitems__([1, 2]) == {"index": [1, 2]}
+
 
 def test_explain_ignores_keyboard_interrupt() -> None:
     assert explain(KeyboardInterrupt(), None) is None

@@ -58,12 +58,12 @@ class IndexReportingDataset(Forwarding, Dataset[Any]):
             _note(exc, index)
             raise
 
-    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+    def __getitems__(self, indices: Sequence[Any]) -> Any:
         inner = self._feedrate_inner
         own = getattr(inner, "__getitems__", None)
         if own:
             try:
-                return list(own(indices))
+                return own(indices)  # as it is: collate_fn may expect what it returns
             except Exception as exc:
                 _note(exc, f"one of {list(indices)[:8]}")
                 raise

@@ -233,6 +233,7 @@ class _Run:
 
     def search(self) -> TuneResult:
         baseline = self.trial(self.space.baseline, "your settings", fatal=True)
+        report_only: search.Proposal | None = None
         while self.partial_reason is None:
             proposal = search.propose(self.space, self.trials)
             if proposal is None:
@@ -242,9 +243,10 @@ class _Run:
             if skip is not None:
                 self.trials.append(Trial(config, why, skipped=skip))
                 continue
+            if config.threads > 1 and not self.space.allow_threads:
+                report_only = proposal  # the search's last step, only for the report
+                break
             if self.elapsed() + self.last_trial_s > self.budget_s:
-                if config.threads > 1 and not self.space.allow_threads:
-                    break  # a trial only for the report: the answer is complete without it
                 self.partial_reason = (
                     f"the budget of {self.budget_s:g} s was spent after {len(self.trials)} "
                     f"trials; the search had more to try (next: {config.label()})"
@@ -255,7 +257,18 @@ class _Run:
             self.trial(config, why)
         self._pin_trial()
         self.confirm(baseline)
+        if report_only is not None:
+            self._report_threads(*report_only)
         return self.finish(baseline)
+
+    def _report_threads(self, config: LoaderConfig, why: str) -> None:
+        """After the answer is settled and confirmed: one threaded configuration, measured for
+        the report only (threads were not allowed), if the budget leaves room and the check
+        passes. The answer is complete without it, so a spent budget just skips it."""
+        if self.elapsed() + self.last_trial_s > self.budget_s:
+            return
+        if self._threads_safe(config.threads):
+            self.trial(config, why)
 
     def _pin_trial(self) -> None:
         """With an accelerator, the answer so far with pin_memory the other way (the loop copies
