@@ -398,3 +398,19 @@ def test_online_tries_no_workers_once_more_workers_stop_helping() -> None:
         trials.append(make_trial(proposal[0], proposal[1], tiny(proposal[0]), 1e9))
     best = choose(s, trials)
     assert best is not None and best.config.num_workers == 0
+
+
+def test_online_tries_no_workers_when_idle_workers_did_not_scale() -> None:
+    # Tiny batches, a loop that waits 28% of the time: the workers sit mostly idle (it looks
+    # like waiting on I/O) yet 4 of them deliver no more than 2 — the copies between processes
+    # limit, so no workers is worth a trial. Where more idle workers did help (remote reads),
+    # no-workers is never tried.
+    def ipc(cfg: LoaderConfig) -> Figures:
+        return Figures(150_000.0 if cfg.num_workers == 0 else 76_000.0, 0.26, 0.25)
+
+    start = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
+    s = space(cpus=2, consumer=True, baseline=start)
+    trials = online(s, ipc, 105_000.0, start)
+    assert [t.config.num_workers for t in trials] == [2, 4, 0]
+    remote = online(s, latency_bound(per_worker=100, ceiling=1300), 1700.0, start)
+    assert all(t.config.num_workers > 0 for t in remote)

@@ -466,15 +466,21 @@ def zero_stall(t: Trial) -> float:
 
 
 def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Online, once more workers stopped helping and none feeds the loop, unless the workers
-    were busy computing or mostly waiting: no workers at all (cheap samples are fastest without
-    inter-process copies)."""
+    """Online, once more workers stopped helping and none feeds the loop: no workers at all
+    (cheap samples are fastest without inter-process copies). Not when the workers were busy
+    computing, nor when they mostly waited and more of them did help (latency-bound: without
+    them the loop would wait on every read); idle workers that more of them did not speed up
+    point at the copies between processes instead."""
     main = series(space, trials)
     if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
         return None
     best = fastest(main)
-    if best is None or bottleneck(best, space.cpus) in ("cpu", "latency"):
-        return None  # busy workers or waiting ones: without them the loop would do it all
+    if best is None:
+        return None
+    kind = bottleneck(best, space.cpus)
+    fewest = min(main, key=lambda t: t.config.num_workers)
+    if kind == "cpu" or (kind == "latency" and best is not fewest and beats(best, fewest)):
+        return None
     return _with(space.baseline, 0), "more workers stopped helping: no workers at all?"
 
 
