@@ -13,7 +13,8 @@ trials. The search reads the signals a measurement carries, the way an expert wo
 * never start a configuration whose predicted memory or /dev/shm use exceeds the budget.
 
 With a consumer, the answer is the fewest workers that keep it fed (data stall under
-``STALL_MARGIN``), found by doubling then bisecting; without one, the fastest, where among
+``STALL_MARGIN``), found by stepping up (latency-bound: aimed at the consumer's pace) then
+bisecting; without one, the fastest, where among
 configurations within the noise of the fastest the cheapest wins.
 """
 
@@ -385,7 +386,8 @@ _fastest_steps = (
 
 
 def _double(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Consumer mode: double the workers until one configuration keeps the consumer fed."""
+    """Consumer mode: more workers until one configuration keeps the consumer fed: twice as
+    many, or for latency-bound workers the count aimed at the consumer's pace (``_aim``)."""
     main = series(space, trials)
     if not main or any(covers(t) for t in main):
         return None
