@@ -17,7 +17,7 @@ from feedrate.autotuning import RETUNE_STALL, TRIAL_BATCHES, TRIAL_S, WATCH_S, A
 from feedrate.config import LoaderConfig
 from feedrate.errors import UserError
 
-from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset
+from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset, UnshardedStream
 
 
 @pytest.fixture(autouse=True)
@@ -240,10 +240,20 @@ def test_max_workers_bounds_the_start_and_the_search() -> None:
         assert all(t.config.num_workers <= 1 for t in auto.report().trials)
 
 
-def test_iterable_dataset_without_workers_is_left_without_them() -> None:
-    with feedrate.autotune(DataLoader(ShardedStream(), batch_size=4), cache=False) as auto:
+def test_iterable_dataset_that_does_not_split_its_stream_is_left_without_workers() -> None:
+    with feedrate.autotune(DataLoader(UnshardedStream(), batch_size=4), cache=False) as auto:
         epochs(auto, 1)
         assert auto.config.num_workers == 0 and auto.report().settled
+        assert "did not yield different items" in auto.report().started_from
+
+
+def test_iterable_dataset_that_splits_its_stream_gets_workers() -> None:
+    want = sorted(float(x) for b in DataLoader(ShardedStream(), batch_size=4) for x in b.flatten())
+    with feedrate.autotune(DataLoader(ShardedStream(), batch_size=4), cache=False) as auto:
+        assert auto.config.num_workers > 0  # 2 workers were seen to split the stream
+        for _ in range(2):
+            got = sorted(float(x) for batch in auto for x in batch.flatten())
+            assert got == want  # every item once per epoch, whatever the settings
 
 
 def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:

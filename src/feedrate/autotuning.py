@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from feedrate import cache, fetching, search, thread_safety
+from feedrate import cache, checks_dataset, experiments, fetching, search, thread_safety
 from feedrate.config import (
     LoaderConfig,
     config_of,
@@ -309,17 +309,13 @@ class AutoLoader:
             allow_threads=allow_threads,
         )
         start, started_from, cached_stall = self._start_config(use_cache)
-        # An IterableDataset that does not shard by worker yields its whole stream once per
-        # worker: one that runs without workers keeps running without them.
-        fixed = is_iterable_style(loader) and config_of(loader).num_workers == 0
-        if fixed:
-            start, started_from = (
-                config_of(loader),
-                (
-                    "your settings: an IterableDataset without workers is left without them (each "
-                    "worker would yield the whole stream unless the dataset shards by worker)"
-                ),
-            )
+        # An IterableDataset that does not split its stream by worker yields all of it once per
+        # worker: one that runs without workers gets them only when 2 workers were seen to
+        # yield different items (a few seconds, once).
+        unsplit = _unsplit_stream(loader) if is_iterable_style(loader) else None
+        fixed = unsplit is not None
+        if unsplit is not None:
+            start, started_from = config_of(loader), f"your settings: {unsplit}"
         self._space = replace(self._space, baseline=start)
         cached = fixed or started_from.startswith("the cached")
         self._report = AutotuneReport(start, settled=cached, started_from=started_from)
@@ -676,6 +672,24 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
             return LoaderConfig.from_dict(doc["config"])
         return LoaderConfig.from_dict(doc["best"]["config"])
     return None
+
+
+def _unsplit_stream(loader: DataLoader[Any]) -> str | None:
+    """Why an IterableDataset loader must keep running without workers, or None (it already
+    uses workers, or 2 workers were seen to split its stream)."""
+    if config_of(loader).num_workers > 0:
+        return None  # yours: it already runs in workers
+    try:
+        digests = experiments.stream_digests(loader, limit=32, seconds=2.0)
+    except Exception as exc:  # the check itself failed: stay safe
+        return f"an IterableDataset without workers is left without them (the check failed: {exc})"
+    if checks_dataset.stream_splits(digests):
+        return None
+    return (
+        "an IterableDataset without workers is left without them: 2 workers did not yield "
+        "different items, so each worker would yield the whole stream (split it by "
+        "get_worker_info() to let autotune use workers)"
+    )
 
 
 def _why(best: Trial, rate: float | None) -> str:

@@ -65,6 +65,16 @@ def copy_on_read_finding(containers: list[Container], run: SampleRun | None) -> 
     )
 
 
+def stream_splits(digests: StreamDigests) -> bool:
+    """Two workers of an IterableDataset each yielded enough distinct items, mostly different
+    ones: the stream is split between workers, so running it in workers is safe."""
+    yielded = [set(items) for _, items in sorted(digests.per_worker.items()) if items]
+    if len(yielded) < 2 or min(len(a) for a in yielded[:2]) < DUPLICATE_MIN_ITEMS:
+        return False  # too little to tell
+    a, b = yielded[:2]
+    return len(a & b) / min(len(a), len(b)) < DUPLICATE_SHARE
+
+
 def duplicates_finding(digests: StreamDigests, workers: int) -> Finding | None:
     """Two workers of an IterableDataset yielded mostly the same items (by content)."""
     yielded = [(wid, items) for wid, items in sorted(digests.per_worker.items()) if items]
