@@ -326,13 +326,20 @@ def test_online_from_a_non_persistent_start_still_searches() -> None:
     assert proposal is not None and proposal[0].num_workers == 11
 
 
-def online(s: Space, model: Model, consumer: float, start: LoaderConfig) -> list[Trial]:
-    trials = [make_trial(start, "start", model(start), consumer)]
+def online(
+    s: Space, model: Model, consumer: float, start: LoaderConfig, batch_bytes: int = 2**20 - 1
+) -> list[Trial]:
+    def measured(cfg: LoaderConfig, why: str) -> Trial:
+        t = make_trial(cfg, why, model(cfg), consumer)
+        t.batch_bytes = batch_bytes
+        return t
+
+    trials = [measured(start, "start")]
     for _ in range(20):
         proposal = propose_online(s, trials)
         if proposal is None:
             return trials
-        trials.append(make_trial(proposal[0], proposal[1], model(proposal[0]), consumer))
+        trials.append(measured(*proposal))
     raise AssertionError("the online search did not settle")
 
 
@@ -414,3 +421,18 @@ def test_online_tries_no_workers_when_idle_workers_did_not_scale() -> None:
     assert [t.config.num_workers for t in trials] == [2, 4, 0]
     remote = online(s, latency_bound(per_worker=100, ceiling=1300), 1700.0, start)
     assert all(t.config.num_workers > 0 for t in remote)
+
+
+def test_online_tries_no_workers_after_busy_workers_making_big_batches() -> None:
+    # 12 MiB batches: the workers are busy, much of it copying into shared memory, and more
+    # of them do not help; without them there is no copy at all. With small batches, busy
+    # workers are doing the work itself: no-workers is not tried.
+    def big(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        return Figures(800.0 if w == 0 else 400.0, 0.25, 1.65 / max(1, w))
+
+    start = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
+    s = space(cpus=2, consumer=True, baseline=start)
+    trials = online(s, big, 1000.0, start, batch_bytes=12 * 2**20)
+    assert trials[-1].config.num_workers == 0
+    assert all(t.config.num_workers for t in online(s, big, 1000.0, start, batch_bytes=2**16))

@@ -36,6 +36,9 @@ STALL_MARGIN = 0.05
 STALL_GAIN = 0.03
 #: With a consumer, latency-bound workers are aimed at the consumer's pace with this to spare.
 AIM_MARGIN = 0.1
+#: Batches from this many bytes cost workers real CPU time to copy into shared memory (and the
+#: main process to map): online, busy workers making them may be slower than no workers.
+BIG_BATCH = 2**20
 #: Online, no workers are tried after one worker fed the loop only when the stall predicted
 #: without them (``zero_stall``) is below this: a bad trial costs training time.
 ZERO_STALL = 0.25
@@ -469,10 +472,11 @@ def zero_stall(t: Trial) -> float:
 
 def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
     """Online, once more workers stopped helping and none feeds the loop: no workers at all
-    (cheap samples are fastest without inter-process copies). Not when the workers were busy
-    computing, nor when they mostly waited and more of them did help (latency-bound: without
-    them the loop would wait on every read); idle workers that more of them did not speed up
-    point at the copies between processes instead."""
+    (cheap samples are fastest without inter-process copies). Not when the workers mostly
+    waited and more of them did help (latency-bound: without them the loop would wait on every
+    read), nor when busy workers made small batches (the work itself is the cost); idle workers
+    that more of them did not speed up, or busy ones making big batches, point at the copies
+    between processes instead."""
     main = series(space, trials)
     if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
         return None
@@ -481,7 +485,9 @@ def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
         return None
     kind = bottleneck(best, space.cpus)
     fewest = min(main, key=lambda t: t.config.num_workers)
-    if kind == "cpu" or (kind == "latency" and best is not fewest and beats(best, fewest)):
+    if kind == "latency" and best is not fewest and beats(best, fewest):
+        return None
+    if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH:
         return None
     return _with(space.baseline, 0), "more workers stopped helping: no workers at all?"
 
