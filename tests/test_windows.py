@@ -269,19 +269,20 @@ def test_epochs_too_short_for_warmup_time_whole_epochs(length: int, warmup: int)
     assert summarize(t.windows).samples_per_s == 4 * length / per_epoch
 
 
-def test_epoch_just_past_warmup_stays_in_windows() -> None:
+def test_epoch_just_past_warmup_is_timed_whole_once_its_length_is_seen() -> None:
+    # One batch a window after a warm-up of 2 would credit queued work: whole epochs instead.
     _, loader = scripted(0.5, length=3)
     t = measure(loader, WindowPlan(windows=2, batches=4, warmup_batches=2))
-    assert t.method == "windows"
-    assert [(w.batches, w.full) for w in t.windows] == [(1, False)] * 4
+    assert t.method == "whole-epochs"
+    assert all(w.batches == 3 for w in t.windows)
 
 
 def test_max_epochs_bounds_the_run() -> None:
-    _, loader = scripted(0.5, length=2)
+    _, loader = scripted(0.5, length=4)
     t = measure(loader, WindowPlan(windows=2, seconds=1000.0, warmup_batches=1, max_epochs=7))
     assert loader.epochs_started == t.epochs == 7
     assert len(t.windows) == 7
-    assert sum(w.seconds for w in t.windows) == 3.5
+    assert sum(w.seconds for w in t.windows) == 7 * 1.5
 
 
 def test_max_epochs_bounds_whole_epochs() -> None:
@@ -544,3 +545,20 @@ def test_long_enough_epochs_stay_in_windows() -> None:
     _, loader = scripted(0.25, length=12)
     t = measure(loader, WindowPlan(windows=2, batches=8, warmup_batches=4), epoch_length=12)
     assert t.method == "windows"
+
+
+def test_an_unknown_short_epoch_seen_once_is_timed_whole_and_its_windows_dropped() -> None:
+    # An IterableDataset (length unknown) of 10 batches, warm-up 4: the first epoch's window
+    # holds 6 batches that were queued before it opened. Once the epoch's length is seen, those
+    # windows are dropped and whole epochs are timed, as for a known short epoch.
+    _, loader = scripted(0.25, length=10, startup=lambda e: 5.0 if e == 0 else 0.5)
+    t = measure(loader, WindowPlan(windows=2, batches=20, warmup_batches=4))
+    assert t.method == "whole-epochs"
+    assert all(w.batches == 10 for w in t.windows)
+    assert [w.seconds for w in t.windows] == [3.0, 3.0]
+
+
+def test_an_unknown_long_epoch_keeps_its_windows() -> None:
+    _, loader = scripted(0.25, length=40)
+    t = measure(loader, WindowPlan(windows=2, batches=8, warmup_batches=4))
+    assert t.method == "windows" and t.epochs == 0  # done inside the first epoch

@@ -158,6 +158,7 @@ class _Runner:
         self.timeline = Timeline()
         self.open: Window | None = None
         self._epoch_batches = 0
+        self._seen_length: int | None = None  # an epoch's batches, once one ran to its end
 
     def done(self) -> bool:
         """Enough full windows; or, when epochs cut windows short (and always when whole epochs
@@ -173,12 +174,18 @@ class _Runner:
         return sum(w.seconds for w in wins) >= (self.plan.seconds or 0.0)
 
     def short_epochs(self) -> bool:
-        """Epochs known to be too short for windows: most of each would be warm-up."""
-        n = self.epoch_length
+        """Epochs known (or, for an IterableDataset, seen) to be too short for windows: most of
+        each would be warm-up."""
+        n = self.epoch_length if self.epoch_length is not None else self._seen_length
         return n is not None and n < WHOLE_EPOCH_FACTOR * self.plan.warmup_batches
 
     def epoch_too_short(self) -> bool:
         too_short = self._epoch_batches <= self.plan.warmup_batches or self.short_epochs()
+        if too_short and self.timeline.windows and self.epoch_length is None:
+            # An epoch of unknown length turned out short: its windows, right after warm-up,
+            # were mostly batches the workers had queued before they opened. Drop them.
+            self.timeline.windows.clear()
+            return True
         return too_short and not self.timeline.windows
 
     def epoch(self, make_iter: Callable[[], Iterable[Any]]) -> None:
@@ -212,6 +219,8 @@ class _Runner:
                 self._close(now, full=whole)
         if self._epoch_batches == 0:
             raise EmptyLoaderError("the loader yielded no batch")
+        if self._seen_length is None:
+            self._seen_length = self._epoch_batches
         self.timeline.epochs += 1
         if self.open is not None:
             self._close(self.open.start + self.open.seconds, full=whole)
