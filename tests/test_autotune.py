@@ -196,8 +196,9 @@ def test_budget_spent_settles_on_the_best_so_far() -> None:
 def test_a_rate_above_the_loops_pace_is_not_taken_as_fed() -> None:
     # Tiny samples and a 20 ms step: any configuration feeds this loop (~400 samples/s), none
     # is shown to deliver rate=50,000; the report says the loop limited what could be measured.
-    with feedrate.autotune(DataLoader(TinyDataset(800), batch_size=8), rate=5e4, cache=False) as a:
-        epochs(a, 1, step_s=0.02)
+    loader = DataLoader(TinyDataset(800), batch_size=8)
+    with feedrate.autotune(loader, rate=5e4, max_workers=4, cache=False) as a:
+        epochs(a, 2, step_s=0.02)
         report = a.report()
         assert all(t.stall_fraction is not None and t.stall_fraction > 0.9 for t in report.trials)
         assert "rate=50,000" in str(report) and "cannot be measured" in str(report)
@@ -294,3 +295,11 @@ def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:
     assert not stretch(0.01, 0.09, half).done(t_half)  # fed: measured in full
     assert not stretch(0.09, 0.01, half - 1).done(t_half)
     assert stretch(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)
+
+
+def test_trials_know_the_batch_bytes() -> None:
+    # The search reads them (big batches: busy workers may be copying, not computing).
+    loader = DataLoader(TinyDataset(400, width=1024), batch_size=8)
+    with feedrate.autotune(loader, cache=False) as a:
+        epochs(a, 1, step_s=0.005)
+        assert a.report().trials[0].batch_bytes == 8 * 1024 * 4

@@ -41,7 +41,7 @@ from feedrate.config import (
 from feedrate.errors import UserError
 from feedrate.failures import stop_workers
 from feedrate.machine import MachineFacts, collect
-from feedrate.measuring import _sample_counter, warmup_batches
+from feedrate.measuring import _sample_counter, batch_nbytes, warmup_batches
 from feedrate.probe import ProcessProbe
 from feedrate.results import Spread, Trial
 from feedrate.tuning import _space as tuning_space
@@ -185,6 +185,7 @@ class _Stretch:
     waits: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     probe: ProcessProbe | None = None
+    batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
 
     @property
     def measured(self) -> int:
@@ -247,6 +248,7 @@ class _Stretch:
                 rates, statistics.median(rates), min(rates), max(rates), _robust_sd(rates)
             ),
             stall_fraction=sum(w) / total if total > 0 else None,
+            batch_bytes=self.batch_bytes,
         )
         if rate is not None and trial.stall_fraction is not None:
             trial.stall_fraction = max(trial.stall_fraction, 1.0 - trial.samples_per_s / rate)
@@ -488,6 +490,8 @@ class AutoLoader:
         self._batch += 1
         st = self._stretch
         if st is not None:
+            if st.batch_bytes is None:
+                st.batch_bytes = batch_nbytes(batch)
             st.add(self._count(batch), wait, step, now)
             return
         waited, stepped, n = self._watch
