@@ -293,39 +293,6 @@ def test_consumer_mode_keeps_doubling_while_the_rate_grows_with_an_instant_step(
     assert best.config.num_workers >= 32
 
 
-def test_online_goes_down_while_fed_and_settles_on_the_fewest_that_feed() -> None:
-    # 100 samples/s per worker, a loop that takes 250: 3 workers feed it. Starting from 8.
-    s = space(cpus=2, consumer=True, baseline=LoaderConfig(8, prefetch_factor=2))
-    model = latency_bound(per_worker=100)
-    trials = [
-        make_trial(
-            LoaderConfig(8, prefetch_factor=2, persistent_workers=True),
-            "start",
-            model(LoaderConfig(8)),
-            250.0,
-        )
-    ]
-    for _ in range(20):
-        proposal = propose_online(s, trials)
-        if proposal is None:
-            break
-        trials.append(make_trial(proposal[0], proposal[1], model(proposal[0]), 250.0))
-    best = choose(s, trials)
-    assert best is not None and best.config.num_workers == 3
-    assert trials[1].config.num_workers == 4  # no anchors: halving from where it started
-
-
-def test_online_from_a_non_persistent_start_still_searches() -> None:
-    s = space(cpus=2, consumer=True, baseline=LoaderConfig(2, persistent_workers=True))
-    model = latency_bound(per_worker=100)
-    start = make_trial(
-        LoaderConfig(2, persistent_workers=True), "start", model(LoaderConfig(2)), 1000.0
-    )
-    proposal = propose_online(s, [start])
-    # They mostly wait: aimed at the consumer's pace, 1,000 / 100 per worker, 10% to spare.
-    assert proposal is not None and proposal[0].num_workers == 11
-
-
 def online(
     s: Space, model: Model, consumer: float, start: LoaderConfig, batch_bytes: int = 2**20 - 1
 ) -> list[Trial]:
@@ -341,6 +308,27 @@ def online(
             return trials
         trials.append(measured(*proposal))
     raise AssertionError("the online search did not settle")
+
+
+def test_online_goes_down_while_fed_and_settles_on_the_fewest_that_feed() -> None:
+    # 100 samples/s per worker, a loop that takes 250: 3 workers feed it. Starting from 8.
+    s = space(cpus=2, consumer=True, baseline=LoaderConfig(8, prefetch_factor=2))
+    start = LoaderConfig(8, prefetch_factor=2, persistent_workers=True)
+    trials = online(s, latency_bound(per_worker=100), 250.0, start, batch_bytes=2**20)
+    best = choose(s, trials)
+    assert best is not None and best.config.num_workers == 3
+    assert trials[1].config.num_workers == 4  # no anchors: halving from where it started
+
+
+def test_online_from_a_non_persistent_start_still_searches() -> None:
+    s = space(cpus=2, consumer=True, baseline=LoaderConfig(2, persistent_workers=True))
+    model = latency_bound(per_worker=100)
+    start = make_trial(
+        LoaderConfig(2, persistent_workers=True), "start", model(LoaderConfig(2)), 1000.0
+    )
+    proposal = propose_online(s, [start])
+    # They mostly wait: aimed at the consumer's pace, 1,000 / 100 per worker, 10% to spare.
+    assert proposal is not None and proposal[0].num_workers == 11
 
 
 def test_online_aims_at_the_pace_while_workers_wait_then_bisects() -> None:
@@ -390,19 +378,8 @@ def test_online_tries_no_workers_once_more_workers_stop_helping() -> None:
     # Tiny samples and a loop that takes no time: no configuration feeds it; workers do not
     # beat each other and no workers is fastest.
     s = space(cpus=2, consumer=True, baseline=LoaderConfig(2, prefetch_factor=2))
-    trials = [
-        make_trial(
-            LoaderConfig(2, prefetch_factor=2, persistent_workers=True),
-            "start",
-            tiny(LoaderConfig(2)),
-            1e9,
-        )
-    ]
-    for _ in range(20):
-        proposal = propose_online(s, trials)
-        if proposal is None:
-            break
-        trials.append(make_trial(proposal[0], proposal[1], tiny(proposal[0]), 1e9))
+    start = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
+    trials = online(s, tiny, 1e9, start, batch_bytes=2**20)
     best = choose(s, trials)
     assert best is not None and best.config.num_workers == 0
 
