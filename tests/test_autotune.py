@@ -3,8 +3,9 @@ for the loop that iterates it, the cache, re-tuning, and no worker left behind."
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +304,43 @@ def test_trials_know_the_batch_bytes() -> None:
     with feedrate.autotune(loader, cache=False) as a:
         epochs(a, 1, step_s=0.005)
         assert a.report().trials[0].batch_bytes == 8 * 1024 * 4
+
+
+def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The second lane takes three index batches from the epoch's stream, then its start fails
+    # (as when /dev/shm or memory runs out): those batches go back, the first lane goes on.
+    from feedrate import autotuning
+
+    real = autotuning.quiet_worker_count_warning
+    started: list[int] = []
+
+    @contextlib.contextmanager
+    def failing() -> Iterator[None]:
+        started.append(1)
+        with real():
+            yield
+        if len(started) == 2:  # the first trial lane after the one the epoch began with
+            feed = stack[-1]
+            taken = [next(it) for it in [iter(feed)] for _ in range(3)]
+            assert len(taken) == 3
+            raise OSError("no space left in /dev/shm")
+
+    stack: list[Any] = []
+    real_start = autotuning._Lane.start
+
+    def start(self: Any, stream: Any) -> None:
+        stack.append(self.feed)
+        real_start(self, stream)
+
+    monkeypatch.setattr(autotuning, "quiet_worker_count_warning", failing)
+    monkeypatch.setattr(autotuning._Lane, "start", start)
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(2))  # noqa: E731
+    want = epochs(make(), 1)
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = epochs(auto, 1, step_s=0.004)
+        report = auto.report()
+    assert same(want, got)
+    assert any("/dev/shm" in (t.error or "") for t in report.trials), report
+    assert any(e.what.startswith("stay on") for e in report.events), report

@@ -7,9 +7,9 @@ decides), then only watches: two clock readings per batch. When the stall comes 
 faster after warm-up or compilation), it tunes again from where it is.
 
 Correctness first, for a map-style dataset with automatic batching: the tuner owns the epoch's
-index stream. At each epoch it draws the user's batch sampler once, as DataLoader would, and
-hands consecutive runs of those index batches to one DataLoader per configuration (a "lane")
-through a batch sampler it controls. A lane being replaced is given no further indices and
+index stream. At each epoch it iterates the user's batch sampler once, as DataLoader would,
+taking index batches as they are asked for (never the whole epoch ahead), and hands consecutive
+runs of them to one DataLoader per configuration (a "lane") through a batch sampler it controls. A lane being replaced is given no further indices and
 drained in order while the next lane starts on the following indices, so every batch of the
 epoch is yielded exactly once, in the sampler's order, while worker start-up overlaps the drain.
 
@@ -118,24 +118,65 @@ class AutotuneReport:
         return "\n".join(lines)
 
 
+class _Stream:
+    """The epoch's index batches, drawn from the user's batch sampler as lanes ask for them
+    (never the whole epoch at once: an epoch of a million samples would be a million Python
+    ints held, and made before the first batch). Batches a lane took but never used (its
+    workers failed to start) are put back, to be handed out first."""
+
+    def __init__(self, source: Iterator[list[Any]], length: int | None) -> None:
+        self._source = source
+        self._back: list[list[Any]] = []
+        self.length = length  # batches in the epoch, where the batch sampler knows
+        self.taken = 0
+
+    def take(self) -> list[Any] | None:
+        if self._back:
+            batch = self._back.pop()
+        else:
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                return None
+        self.taken += 1
+        return batch
+
+    def put_back(self, batches: list[list[Any]]) -> None:
+        self._back.extend(reversed(batches))
+        self.taken -= len(batches)
+
+    def left(self) -> bool:
+        """Whether batches may remain (unknown length: assume so)."""
+        return bool(self._back) or self.length is None or self.taken < self.length
+
+
 class _Feed(Sampler[list[Any]]):
-    """The batch sampler of a lane: index batches of the current epoch from ``pos`` until
-    ``stop``, handed out lazily as DataLoader asks (so ``pos`` is how far it has asked)."""
+    """The batch sampler of a lane: it takes index batches from the epoch's stream as
+    DataLoader asks, until frozen. While ``keep`` is set it remembers what it took, so a lane
+    that fails to start can put it back."""
 
     def __init__(self) -> None:
-        self.batches: list[list[Any]] = []
-        self.pos = self.stop = 0
+        self.stream: _Stream | None = None
+        self.frozen = False
+        self.kept: list[list[Any]] | None = None
 
-    def set(self, batches: list[list[Any]], start: int) -> None:
-        self.batches, self.pos, self.stop = batches, start, len(batches)
+    def set(self, stream: _Stream) -> None:
+        self.stream, self.frozen = stream, False
 
     def __iter__(self) -> Iterator[list[Any]]:
-        while self.pos < self.stop:
-            self.pos += 1
-            yield self.batches[self.pos - 1]
+        while not self.frozen and self.stream is not None:
+            batch = self.stream.take()
+            if batch is None:
+                return
+            if self.kept is not None:
+                self.kept.append(batch)
+            yield batch
 
     def __len__(self) -> int:
-        return max(0, self.stop - self.pos)
+        stream = self.stream
+        if stream is None or self.frozen or stream.length is None:
+            return 0 if stream is None or self.frozen else 1 << 30
+        return max(0, stream.length - stream.taken)
 
 
 class _Lane:
@@ -153,17 +194,33 @@ class _Lane:
             self.loader.generator = torch.Generator().manual_seed(seed)
         self.it: Any = None
 
-    def start(self, batches: list[list[Any]] | None, at: int) -> None:
-        if self.feed is not None and batches is not None:
-            self.feed.set(batches, at)
-        with quiet_worker_count_warning():
-            self.it = iter(self.loader)
+    def start(self, stream: _Stream | None) -> None:
+        """Start iterating; with a stream, on its next batches. Should the workers fail to
+        start, the batches this lane took go back to the stream."""
+        if self.feed is None or stream is None:
+            with quiet_worker_count_warning():
+                self.it = iter(self.loader)
+            return
+        self.feed.set(stream)
+        self.feed.kept = []
+        try:
+            with quiet_worker_count_warning():
+                self.it = iter(self.loader)
+        except BaseException:
+            self.feed.frozen = True
+            stream.put_back(self.feed.kept)
+            raise
+        finally:
+            self.feed.kept = None
 
-    def freeze(self) -> int:
-        """Hand out no more indices; returns the first index batch not handed out."""
+    def freeze(self) -> None:
+        """Take no more batches from the stream (those taken are still yielded)."""
         assert self.feed is not None
-        self.feed.stop = self.feed.pos
-        return self.feed.pos
+        self.feed.frozen = True
+
+    def thaw(self) -> None:
+        assert self.feed is not None
+        self.feed.frozen = False
 
     def close(self) -> None:
         if self.it is not None:
@@ -256,6 +313,13 @@ class _Stretch:
             _add_figures(trial, self.probe)
         self.stop()
         return trial
+
+
+def _length(sampler: Any) -> int | None:
+    try:
+        return len(sampler)
+    except TypeError:  # a batch sampler without __len__
+        return None
 
 
 def _robust_sd(rates: list[float]) -> float:
@@ -420,9 +484,9 @@ class AutoLoader:
         if self._epoch == 1 or not (user.persistent_workers and user.num_workers > 0):
             gen = user.generator
             self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
-        batches = list(sampler_it)
-        self._warmup_cap = max(1, len(batches) // 4)
-        lane = self._start_lane(batches)
+        stream = _Stream(sampler_it, _length(self._user.batch_sampler))
+        self._warmup_cap = 1 << 30 if stream.length is None else max(1, stream.length // 4)
+        lane = self._start_lane(stream)
         while True:
             began = time.perf_counter()
             try:
@@ -445,9 +509,9 @@ class AutoLoader:
                 and self._next is None
                 and st.done(back)
                 and lane.feed is not None
-                and lane.feed.pos < len(batches)
+                and stream.left()
             ):
-                self._next = self._switch_later(lane, batches)
+                self._next = self._switch_later(lane, stream)
         self._epoch_end()
 
     def _whole_epoch(self) -> Iterator[Any]:
@@ -464,13 +528,13 @@ class AutoLoader:
             self._record(batch, got - began, back - got, back)
         self._epoch_end()
 
-    def _start_lane(self, batches: list[list[Any]] | None) -> _Lane:
+    def _start_lane(self, stream: _Stream | None) -> _Lane:
         cfg = self._report.config
         if self._lane is None or self._lane.config != cfg:
             if self._lane is not None:
                 self._lane.close()
             self._lane = _Lane(self._user, cfg, self._split, self._seed if self._split else None)
-        self._lane.start(batches, 0)
+        self._lane.start(stream)
         if self._stretch is not None:  # a trial starts (again) with the epoch
             self._stretch.stop()
             self._stretch = _Stretch(cfg, self._stretch.reason, self._warmup(cfg))
@@ -567,24 +631,24 @@ class AutoLoader:
         if not self._report.settled:
             self._stretch = _Stretch(cfg, why, self._warmup(cfg))
 
-    def _switch_later(self, lane: _Lane, batches: list[list[Any]]) -> _Lane | None:
+    def _switch_later(self, lane: _Lane, stream: _Stream) -> _Lane | None:
         """At the end of a trial: the next lane, already started on the indices after the
-        ones this lane was given (it is drained first), or None to stay on this one."""
+        ones this lane took (it is drained first), or None to stay on this one."""
         proposal = self._conclude()
         if proposal is None:
             return None
-        assert lane.feed is not None
         nxt = _Lane(self._user, proposal[0], True, self._seed + len(self._trials))
+        lane.freeze()  # from here on the stream's batches are the next lane's
         try:
-            nxt.start(batches, lane.feed.pos)  # takes from its own feed only
+            nxt.start(stream)
         except Exception as exc:  # workers that cannot start (memory, /dev/shm, files)
             nxt.close()
+            lane.thaw()
             self._trials.append(Trial(proposal[0], proposal[1], error=f"did not start: {exc}"))
             self._event(f"stay on {lane.config.label()}", f"{proposal[0].label()}: {exc}")
             self._stretch = _Stretch(lane.config, "measured again", 0)
             self._stretch.start(lane, time.perf_counter())
             return None
-        lane.freeze()
         self._apply(*proposal)
         self._pending, self._stretch = self._stretch, None
         return nxt
