@@ -9,9 +9,10 @@ faster after warm-up or compilation), it tunes again from where it is.
 Correctness first, for a map-style dataset with automatic batching: the tuner owns the epoch's
 index stream. At each epoch it iterates the user's batch sampler once, as DataLoader would,
 taking index batches as they are asked for (never the whole epoch ahead), and hands consecutive
-runs of them to one DataLoader per configuration (a "lane") through a batch sampler it controls. A lane being replaced is given no further indices and
-drained in order while the next lane starts on the following indices, so every batch of the
-epoch is yielded exactly once, in the sampler's order, while worker start-up overlaps the drain.
+runs of them to one DataLoader per configuration (a "lane") through a batch sampler it
+controls. A lane being replaced is given no further indices and drained in order while the next
+lane starts on the following indices, so every batch of the epoch is yielded exactly once, in
+the sampler's order, while worker start-up overlaps the drain.
 
 An ``IterableDataset`` (or a loader without automatic batching) yields its own stream, which
 cannot be split between loaders: there, settings change only between epochs, each epoch being
