@@ -4,14 +4,14 @@ worker outlives a run (SIGTERM behaves like Ctrl-C, leftover children are ended)
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import psutil
+
+from feedrate import interrupts
 
 
 def machine_line(m: dict[str, Any]) -> str:
@@ -31,10 +31,6 @@ def leftover_children() -> list[int]:
             child.terminate()
     psutil.wait_procs(children, timeout=2.0)
     return [c.pid for c in children]
-
-
-def on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # so every finally block runs and workers are stopped
 
 
 def git(*args: str) -> str | None:
@@ -57,9 +53,10 @@ def provenance() -> dict[str, object]:
 def guarded(run: Callable[[], dict[str, Any]], out: Path, render: Callable[[Any], str]) -> int:
     """Run a benchmark: SIGTERM acts as Ctrl-C, an interruption says where the results so far
     are (exit 130), no worker process outlives it; prints ``render(results)`` at the end."""
-    signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        data = run()
+        # SIGTERM as Ctrl-C, so every finally block runs and workers are stopped.
+        with interrupts.stoppable(sigterm=True):
+            data = run()
     except KeyboardInterrupt:
         print("interrupted; results so far are in", out)
         return 130

@@ -31,7 +31,6 @@ import contextlib
 import datetime
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -42,13 +41,14 @@ from unittest import mock
 
 import overhead_costs as costs
 import overhead_report as report
-from common import leftover_children, machine_line, on_sigterm, provenance
+from common import leftover_children, machine_line, provenance
 from overhead_schedule import WINDOWS, Schedule, plan_schedule
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
 
 import feedrate
+from feedrate import interrupts
 from feedrate.config import LoaderConfig, quiet_worker_count_warning, rebuild
 from feedrate.failures import stop_workers
 from feedrate.machine import MachineFacts, collect
@@ -306,14 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = json.loads(Path(args.render).read_text())
         show(report.summarize(record), Path(args.render).stem)
         return 0
-    signal.signal(signal.SIGTERM, on_sigterm)
     started, meta = time.perf_counter(), _meta(argv)
     bench = make_bench(args)
     console.print(f"machine: {machine_line(bench.facts.to_dict())}")
     try:
-        bench.prepare()
-        run_rounds(bench)
-        micro = micro_costs()
+        with interrupts.stoppable(sigterm=True):  # SIGTERM as Ctrl-C: workers are stopped
+            bench.prepare()
+            run_rounds(bench)
+            micro = micro_costs()
     finally:
         left = leftover_children()
         if left:

@@ -31,7 +31,6 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -41,13 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import tune_vs_grid_report as report
-from common import git, leftover_children, machine_line, on_sigterm, provenance
+from common import git, leftover_children, machine_line, provenance
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import search
+from feedrate import interrupts, search
 from feedrate.config import LoaderConfig
 from feedrate.consumer import Consumer, make_consumer
 from feedrate.errors import PipelineError
@@ -408,14 +407,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads(Path(args.render).read_text())
         console.print(report.markdown(data))
         return 0
-    signal.signal(signal.SIGTERM, on_sigterm)
     began = time.perf_counter()
     bench = Bench(args.names, args.quick, args.out, args.rounds)
     if args.merge:
         _keep_earlier(bench)
     console.print(f"machine: {machine_line(bench.facts.to_dict())}")
     try:
-        run(bench, argv, began)
+        with interrupts.stoppable(sigterm=True):  # SIGTERM as Ctrl-C: workers are stopped
+            run(bench, argv, began)
     except KeyboardInterrupt:
         console.print(
             f"[red]interrupted; kept {len(bench.results)} finished pipelines in {args.out}"

@@ -131,11 +131,6 @@ def test_console_script_is_installed() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known issue (README, Not yet): in a full test run the interrupted measure process "
-    "sometimes does not exit within 30 s; alone it passes",
-)
 def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
     body = (
         "from torch.utils.data import DataLoader\nfrom pipelines import SleepDataset\n"

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from feedrate import __version__
+from feedrate import __version__, interrupts
 from feedrate.errors import FeedrateError, PipelineError, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -506,11 +506,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns feedrate's errors into one-line
     messages and exit statuses, never a traceback for a user mistake."""
     try:
-        code = cli.main(
-            args=list(argv) if argv is not None else None,
-            prog_name="feedrate",
-            standalone_mode=False,
-        )
+        with interrupts.stoppable():
+            code = cli.main(
+                args=list(argv) if argv is not None else None,
+                prog_name="feedrate",
+                standalone_mode=False,
+            )
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

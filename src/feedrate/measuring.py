@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import fetching, windows
+from feedrate import fetching, interrupts, windows
 from feedrate.config import (
     LoaderConfig,
     config_of,
@@ -136,7 +136,8 @@ def measure(
         on_device = DeviceStep(dev, bool(config.pin_memory), consumer)
         consume = on_device
     try:
-        timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume)
+        with interrupts.stoppable():
+            timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume)
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
     rate = windows.summarize(timeline.windows)
@@ -194,9 +195,9 @@ def _run(
         return counter(batch)
 
     def make_iter() -> Iterator[Any]:
-        with quiet_worker_count_warning():
+        with interrupts.deferred(), quiet_worker_count_warning():
             it = iter(loader)
-        current["it"] = it
+            current["it"] = it  # set before a Ctrl-C held back meanwhile is raised
         probe.attach(it)
         return it
 
@@ -204,6 +205,7 @@ def _run(
         return f"after {current['batches']} batches, config {plan_label}"
 
     def on_batch() -> None:
+        interrupts.check()
         current["batches"] += 1
         dog.kick()
 

@@ -15,7 +15,16 @@ import torch
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import advice, cache, checks, checks_transfer, search, thread_safety, transfer
+from feedrate import (
+    advice,
+    cache,
+    checks,
+    checks_transfer,
+    interrupts,
+    search,
+    thread_safety,
+    transfer,
+)
 from feedrate.checks_threads import thread_findings
 from feedrate.config import LoaderConfig, config_of, is_iterable_style
 from feedrate.consumer import Consumer, make_consumer
@@ -114,7 +123,8 @@ def tune(
         if hit is not None:
             return hit
     run = _Run(loader, space, consumer, trial_seconds, budget_s, facts, target, progress, dev)
-    result = run.search()
+    with interrupts.stoppable():
+        result = run.search()
     result.findings = by_severity([*result.findings, *_doctor_checks(loader, facts, result)])
     result._source = source
     if use_cache and not result.partial:
@@ -330,6 +340,7 @@ class _Run:
     def trial(
         self, config: LoaderConfig, why: str, *, fatal: bool = False, record: bool = True
     ) -> Trial:
+        interrupts.check()
         index = len(self.trials)
         self._report(Progress(index, config, why, self.elapsed(), self.budget_s))
         began = time.monotonic()
