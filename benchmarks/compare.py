@@ -19,10 +19,14 @@ For each pipeline:
    method's ratio to the grid best is the median of its per-round ratios, with their range.
 
     python benchmarks/compare.py                  # all 8 pipelines, full grid: hours on 2 cores
+    python benchmarks/compare.py --pipelines sharded,skewed --merge   # some again, keep the rest
     python benchmarks/compare.py --quick          # images, remote, tabular; small grid (~10 min)
     python benchmarks/compare.py --render benchmarks/results/compare.json
 
-Results: ``benchmarks/results/compare.{json,md,png}``.
+Results: ``benchmarks/results/compare.{json,md,png}`` (``--quick``: ``compare-quick.*``), written
+after every pipeline. Each pipeline is measured in one run (its grid, every method, and the
+interleaved rounds together); ``--merge`` keeps the earlier run's other pipelines, each marked
+with the date and commit it was measured at, so the full suite can be measured in parts.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import guarded, machine_line
+from common import guarded, machine_line, provenance
 from torch.utils.data import DataLoader
 from tune_vs_grid import FULL_PREFETCH, FULL_WORKERS, grid_configs, measure_one
 
@@ -281,8 +285,38 @@ def _cell(pick: dict[str, Any]) -> str:
     return f"{label}: **{ratio:.2f}**{spread}{timing}" if ratio is not None else label
 
 
+def stem(quick: bool) -> str:
+    return "compare-quick" if quick else "compare"
+
+
+def keep_earlier(path: Path, names: Sequence[str], quick: bool) -> list[dict[str, Any]]:
+    """--merge: the earlier run's records of the pipelines not measured now, each marked with
+    the date and commit it was measured at."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if earlier.get("quick") != quick:
+        sys.exit(f"--merge: {path} is a {'quick' if earlier.get('quick') else 'full'} run")
+    kept = []
+    for record in earlier.get("pipelines", []):
+        if record["name"] not in names:
+            record.setdefault(
+                "run",
+                {"date": earlier.get("date"), "feedrate_commit": earlier.get("feedrate_commit")},
+            )
+            kept.append(record)
+    return kept
+
+
+def _in_suite_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    order = {p.name: i for i, p in enumerate(PIPELINES)}
+    return sorted(records, key=lambda r: order.get(r["name"], len(order)))
+
+
 def markdown(data: dict[str, Any]) -> str:
     methods = list(data["pipelines"][0]["methods"]) if data["pipelines"] else []
+    merged = [p for p in data["pipelines"] if p.get("run")]
     out = [
         f"# feedrate against the grid, the rules and the other tuners"
         f"{' (--quick)' if data['quick'] else ''}",
@@ -292,6 +326,20 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Machine: {machine_line(data['machine'])}.",
         "",
+        *(
+            [
+                "Kept from earlier runs (`--merge`): "
+                + "; ".join(
+                    f"{p['name']} ({p['run']['date']}, "
+                    f"commit {(p['run'].get('feedrate_commit') or '?')[:7]})"
+                    for p in merged
+                )
+                + ".",
+                "",
+            ]
+            if merged
+            else []
+        ),
         "Each cell: the configuration picked, **its samples/s over the grid best's** measured in "
         "the same rounds (median, range over rounds), and the tuning time.",
         "",
@@ -349,9 +397,10 @@ def chart(data: dict[str, Any], path: Path) -> None:
 
 def write(data: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(data, indent=1, default=str))
-    (out / "compare.md").write_text(markdown(data))
-    chart(data, out / "compare.png")
+    name = stem(data["quick"])
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / f"{name}.md").write_text(markdown(data))
+    chart(data, out / f"{name}.png")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -361,6 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help=f"rounds (default {ROUNDS}, quick {QUICK_ROUNDS})")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
     ap.add_argument("--render", metavar="JSON", help="render a saved run again, no measuring")
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the other pipelines of the earlier results"
+    )
     args = ap.parse_args(argv)
     if args.render:
         data = json.loads(Path(args.render).read_text())
@@ -382,15 +434,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join(["python", "benchmarks/compare.py", *(argv or sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "feedrate_version": feedrate.__version__,
+        **provenance(),
         "quick": args.quick,
         "rounds": rounds,
         "machine": facts.to_dict(),
         "pipelines": [],
     }
 
+    earlier = args.out / f"{stem(args.quick)}.json"
+    kept = keep_earlier(earlier, names, args.quick) if args.merge else []
+
     def run() -> dict[str, Any]:
+        done: list[dict[str, Any]] = []
         for name in names:
-            data["pipelines"].append(bench(name, args.quick, rounds, facts))
+            done.append(bench(name, args.quick, rounds, facts))
+            data["pipelines"] = _in_suite_order(kept + done)
             data["wall_s"] = time.perf_counter() - began
             write(data, args.out)
         return data
