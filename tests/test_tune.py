@@ -40,7 +40,16 @@ def test_latency_bound_goes_past_the_cpu_count() -> None:
     r = tune(loader, budget_s=60, max_workers=16, **FAST)
     cpus = r.machine["cpus_usable"]
     assert r.best.config.num_workers > cpus
-    assert r.bottleneck == "latency"
+    # What took the search past the CPU count: workers that mostly wait.
+    assert any("mostly wait" in t.reason for t in r.trials), [t.reason for t in r.trials]
+    # The label of the answer: latency, unless other processes filled the CPUs meanwhile (then
+    # its workers queue for a core, and "cpu" is what was measured).
+    best = r.best
+    others = (best.system_busy_cpus or 0.0) - best.main_cpu - best.workers_cpu
+    assert r.bottleneck == "latency" or (r.bottleneck == "cpu" and others >= 0.5), (
+        r.bottleneck,
+        others,
+    )
     assert r.speedup > 2
     assert any(f.id == "too-few-workers" for f in r.findings)
     # The leader and your settings were measured again side by side, windows pooled.
