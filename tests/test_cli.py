@@ -152,6 +152,7 @@ def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,  # a run started with `&` passes SIGINT on ignored
     )
     try:
         workers = _wait_for_children(proc.pid, 3, timeout_s=60)
@@ -170,6 +171,10 @@ def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
     assert not alive, f"workers alive {elapsed:.1f} s after Ctrl-C: {[p.pid for p in alive]}"
     assert proc.returncode == 130
     assert "interrupted" in stderr and "Traceback" not in stderr
+
+
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_children(pid: int, count: int, timeout_s: float) -> list[psutil.Process]:

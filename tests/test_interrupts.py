@@ -9,11 +9,26 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from feedrate import interrupts
+
+
+@pytest.fixture(autouse=True)
+def python_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler, as in a terminal: a test run started in the background
+    (``cmd &``) inherits SIGINT ignored, which feedrate rightly leaves alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def default_sigint() -> None:
+    """For a child process: SIGINT as a terminal delivers it, whatever this run inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _swallowed_interrupt() -> None:
@@ -88,7 +103,12 @@ def test_measure_stops_when_ctrl_c_lands_while_a_worker_is_forked(tmp_path: Path
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        preexec_fn=default_sigint,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "interrupted after" in done.stdout and "left 0" in done.stdout
