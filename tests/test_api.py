@@ -22,6 +22,7 @@ def test_public_names_are_pinned() -> None:
         "UserError",
         "WorkerKilledError",
         "__version__",
+        "allow_many_workers",
         "autotune",
         "config_of",
         "doctor",

@@ -142,6 +142,14 @@ def test_worker_count_only_beyond_the_noise() -> None:
     assert checks.worker_count_finding(trial(2, rate=400), trial(2, rate=800)) is None
 
 
+def test_workers_past_the_cpus_are_explained_with_the_warning_they_raise() -> None:
+    past = checks.workers_past_cpus_finding(trial(0, rate=90), trial(32, rate=3000), cpus=2)
+    assert past is not None and past.id == "workers-past-cpus" and past.severity == "info"
+    assert "num_workers=32 is above the 2 usable CPUs" in past.message
+    assert "DataLoader will warn" in past.message and "allow_many_workers" in past.fix
+    assert checks.workers_past_cpus_finding(trial(0, rate=90), trial(2, rate=300), cpus=2) is None
+
+
 def test_worker_count_with_a_consumer_is_about_the_stall() -> None:
     starved, fed = trial(0, rate=300, stall=0.5), trial(2, rate=600, stall=0.01)
     few = checks.consumer_worker_finding(starved, fed)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,8 +25,10 @@ from torch.utils.data import (
 from feedrate.config import (
     DEFAULT_PREFETCH_FACTOR,
     LoaderConfig,
+    allow_many_workers,
     config_of,
     is_iterable_style,
+    quiet_worker_count_warning,
     rebuild,
 )
 from feedrate.errors import UserError
@@ -455,3 +459,16 @@ def test_configs_with_the_same_settings_are_equal() -> None:
     a, b = LoaderConfig(4), LoaderConfig(4, prefetch_factor=2)
     assert a.kwargs() == b.kwargs()
     assert a == b
+
+
+def test_allow_many_workers_drops_the_warning_on_that_loader_only() -> None:
+    many = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1) + 2
+    with quiet_worker_count_warning():
+        mine, other = (DataLoader(list(range(8)), num_workers=many) for _ in range(2))
+    assert allow_many_workers(mine) is mine
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mine.check_worker_number_rationality()  # what DataLoader runs at every iter()
+        other.check_worker_number_rationality()
+    warned = [w for w in caught if "suggested max number of worker" in str(w.message)]
+    assert len(warned) == 1  # the other loader's

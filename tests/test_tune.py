@@ -4,6 +4,7 @@ input, partial results. Assertions are about choices with wide margins, never ab
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,13 @@ def test_latency_bound_goes_past_the_cpu_count() -> None:
     )
     assert r.speedup > 2
     assert any(f.id == "too-few-workers" for f in r.findings)
+    # More workers than CPUs on purpose: said in a finding, and the loader handed back does not
+    # raise DataLoader's "suggested max number of worker" warning (a check it runs per epoch).
+    assert any(f.id == "workers-past-cpus" for f in r.findings)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r.loader().check_worker_number_rationality()
+    assert not [w for w in caught if "suggested max" in str(w.message)]
     # The leader and your settings were measured again side by side, windows pooled.
     assert r.best.repeats >= 2 and r.baseline.repeats >= 2
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from feedrate.autotuning import AutoLoader, autotune
-from feedrate.config import LoaderConfig, config_of, rebuild
+from feedrate.config import LoaderConfig, allow_many_workers, config_of, rebuild
 from feedrate.doctoring import doctor
 from feedrate.errors import (
     FeedrateError,
@@ -49,6 +49,7 @@ __all__ = [
     "UserError",
     "WorkerKilledError",
     "__version__",
+    "allow_many_workers",
     "autotune",
     "config_of",
     "doctor",

@@ -53,6 +53,23 @@ def worker_count_finding(baseline: Trial, best: Trial) -> Finding | None:
     )
 
 
+def workers_past_cpus_finding(baseline: Trial, best: Trial, cpus: int) -> Finding | None:
+    """More workers than usable CPUs, chosen because they measured faster: say that
+    DataLoader's warning about it is expected, and how to drop it."""
+    w = best.config.num_workers
+    if not best.measured or w <= cpus:
+        return None
+    return Finding(
+        "workers-past-cpus",
+        "info",
+        f"num_workers={w} is above the {cpus} usable CPUs on purpose: it measured "
+        f"{best.median:,.0f} samples/s (your settings {baseline.median:,.0f}), its workers "
+        "mostly waiting rather than computing. DataLoader will warn that this is more than it "
+        "suggests; that warning is a rule of thumb, this count was measured",
+        "loader = result.loader()  # or feedrate.allow_many_workers(your_loader): no warning",
+    )
+
+
 def consumer_worker_finding(baseline: Trial, best: Trial) -> Finding | None:
     """With a consumer: the user's num_workers against the fewest measured that keep it fed."""
     if not baseline.measured or not best.measured or not covers(best):
@@ -216,6 +233,7 @@ def tune_findings(
         bottleneck_finding(best, space.cpus, space.consumer, batch_size=batch_size),
         pin_memory_finding(baseline, machine),
         worker_count_finding(baseline, best),
+        workers_past_cpus_finding(baseline, best, space.cpus),
         startup_finding(baseline, epoch_samples),
         cpu_quota_finding(machine),
         skipped_finding(trials),

@@ -34,6 +34,19 @@ def quiet_worker_count_warning() -> Iterator[None]:
         yield
 
 
+def allow_many_workers(loader: DataLoader[Any]) -> DataLoader[Any]:
+    """``loader``, which no longer warns that it has more workers than DataLoader suggests
+    ("Our suggested max number of worker in current system is …"). That warning is a rule of
+    thumb; a latency-bound pipeline measured faster with more workers than CPUs (as ``tune``
+    reports) can drop it. Only this loader is affected; returns it for chaining."""
+    loader.check_worker_number_rationality = _workers_accepted  # type: ignore[method-assign]
+    return loader
+
+
+def _workers_accepted() -> None:
+    return None
+
+
 _LOADER_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
 
 

@@ -348,13 +348,17 @@ class TuneResult:
         original loader (or factory) passed in."""
         from torch.utils.data import DataLoader
 
-        from feedrate.config import rebuild
+        from feedrate.config import allow_many_workers, rebuild
 
         src = source if source is not None else self._source
         if src is None:
             raise ValueError("this result has no loader attached: pass the original loader")
         loader = src() if callable(src) and not isinstance(src, DataLoader) else src
-        return rebuild(loader, self.best.config)
+        tuned = rebuild(loader, self.best.config)
+        cpus = self.machine.get("cpus_usable")
+        if cpus and self.best.config.num_workers > cpus:
+            allow_many_workers(tuned)  # measured to pay here: DataLoader's warning would alarm
+        return tuned
 
     def to_dict(self) -> dict[str, Any]:
         return {
