@@ -21,6 +21,8 @@ an epoch is long against worker start-up, as in training.
     python benchmarks/autotune.py                          # all pipelines (~30 min)
     python benchmarks/autotune.py --pipelines images,remote,tabular --quick
     python benchmarks/autotune.py --render benchmarks/results/autotune.json
+    python benchmarks/autotune.py --watching-from benchmarks/results/autotune.json \
+        --pipelines tabular,large --rounds 15      # step 3 only, with the main process's CPU
 
 Results: ``benchmarks/results/autotune.{json,md}``.
 """
@@ -155,13 +157,17 @@ def watching(
         count = _sample_counter(loader)
         run_epochs(plain, count, rate, 1)  # first epochs: worker start-up, not watching
         run_epochs(auto, count, rate, 1)
-        pairs = []
+        pairs, cpu_pairs = [], []
         for r in range(rounds):
             order = [("static", plain), ("autotune", auto)]
             got: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for label, it in order if r % 2 == 0 else reversed(order):
+                cpu0 = time.process_time()
                 got[label] = run_epochs(it, count, rate, 1)[0]
+                cpu[label] = time.process_time() - cpu0
             pairs.append(got)
+            cpu_pairs.append(cpu)
         settled_on = auto.config.label()
         retunes = auto.report().retunes
         auto.close()
@@ -171,10 +177,15 @@ def watching(
     else:
         os.environ["FEEDRATE_CACHE_DIR"] = before
     ratios = [p["autotune"] / p["static"] for p in pairs]
+    # The main process's CPU time per epoch (all of the loading without workers): the watching's
+    # own cost, far less noisy than the epoch's wall time on a shared machine.
+    cpu_ratios = [c["autotune"] / c["static"] for c in cpu_pairs if c["static"] > 0]
     return {
         "rounds": pairs,
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
+        "main_cpu_rounds": cpu_pairs,
+        "main_cpu_ratio_median": statistics.median(cpu_ratios) if cpu_ratios else None,
         "config": settled_on,
         "retunes": retunes,
     }
@@ -249,6 +260,57 @@ def bench(name: str, quick: bool, rounds: int) -> dict[str, Any]:
     }
 
 
+def watch_only(name: str, earlier: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """Step 3 alone, on the best static configuration and rate of an earlier run's record."""
+    p = BY_NAME[name]
+    loader = long_epoch(p.factory(), earlier["rate"], EPOCH_S)
+    best = next(s for s in earlier["static"] if s["label"] == earlier["best_static"])
+    watch = watching(loader, LoaderConfig.from_dict(best["config"]), earlier["rate"], rounds)
+    print(
+        f"{name:<9} watching: ratio {watch['ratio_median']:.3f}, main-process CPU "
+        f"{watch['main_cpu_ratio_median']:.4f}",
+        flush=True,
+    )
+    return {
+        "name": name,
+        "kind": p.kind,
+        "rate": earlier["rate"],
+        "best_static": earlier["best_static"],
+        "watching": watch,
+        "criteria": {"watching": watch["ratio_median"] <= WATCH_MAX},
+    }
+
+
+def watching_markdown(data: dict[str, Any]) -> str:
+    out = [
+        "# autotune: the cost of watching",
+        "",
+        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
+        f"{data.get('wall_s', 0) / 60:.0f} min; configurations and rates from "
+        f"`{data['watching_from']}`.",
+        "",
+        f"Machine: {machine_line(data['machine'])}.",
+        "",
+        "The best static loader against autotune started from it (from the cache: it only "
+        "watches), one epoch of each in turn, the order alternating. Wall: the epoch's time; "
+        "CPU: the main process's CPU time in the epoch.",
+        "",
+        "| pipeline | configuration | rounds | wall, autotune / static (range) | "
+        "CPU, autotune / static (range) | re-tunes | ≤ 1.01 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in data["pipelines"]:
+        w = p["watching"]
+        cpu = [c["autotune"] / c["static"] for c in w["main_cpu_rounds"] if c["static"] > 0]
+        out.append(
+            f"| {p['name']} | {w['config']} | {len(w['ratios'])} | {w['ratio_median']:.3f} "
+            f"({min(w['ratios']):.3f}–{max(w['ratios']):.3f}) | "
+            f"{w['main_cpu_ratio_median']:.4f} ({min(cpu):.3f}–{max(cpu):.3f}) | "
+            f"{w['retunes']} | {_mark(p['criteria']['watching'])} |"
+        )
+    return "\n".join(out) + "\n"
+
+
 def _fmt(times: list[float]) -> str:
     return ", ".join(f"{t:.2f} s" for t in times)
 
@@ -299,10 +361,15 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def render(data: dict[str, Any]) -> str:
+    return watching_markdown(data) if data.get("watching_from") else markdown(data)
+
+
 def write(data: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "autotune.json").write_text(json.dumps(data, indent=1))
-    (out / "autotune.md").write_text(markdown(data))
+    stem = "autotune-watching" if data.get("watching_from") else "autotune"
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(render(data))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -312,12 +379,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="watching rounds (default 3)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="results folder")
     ap.add_argument("--render", metavar="JSON", help="render a saved run again, no measuring")
+    ap.add_argument(
+        "--watching-from",
+        metavar="JSON",
+        help="measure only the watching (step 3), on the best static configurations and rates "
+        "of this earlier run; results in autotune-watching.*",
+    )
     args = ap.parse_args(argv)
     if args.render:
         data = json.loads(Path(args.render).read_text())
-        print(markdown(data))
+        print(render(data))
         return 0
+    earlier: dict[str, Any] = {}
+    if args.watching_from:
+        earlier = {
+            p["name"]: p for p in json.loads(Path(args.watching_from).read_text())["pipelines"]
+        }
     names = args.pipelines.split(",") if args.pipelines else [p.name for p in PIPELINES]
+    if earlier:
+        names = [n for n in names if n in earlier] if args.pipelines else list(earlier)
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         ap.error(f"unknown pipelines {unknown}; known: {','.join(BY_NAME)}")
@@ -331,18 +411,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "feedrate_version": feedrate.__version__,
         **provenance(),
         "quick": args.quick,
+        "watching_from": args.watching_from,
         "machine": facts.to_dict(),
         "pipelines": [],
     }
 
     def run() -> dict[str, Any]:
         for name in names:
-            data["pipelines"].append(bench(name, args.quick, args.rounds))
+            data["pipelines"].append(
+                watch_only(name, earlier[name], args.rounds)
+                if earlier
+                else bench(name, args.quick, args.rounds)
+            )
             data["wall_s"] = time.perf_counter() - began
             write(data, args.out)
         return data
 
-    return guarded(run, args.out, markdown)
+    return guarded(run, args.out, render)
 
 
 if __name__ == "__main__":
