@@ -297,8 +297,8 @@ def watching_markdown(data: dict[str, Any]) -> str:
     out = [
         "# autotune: the cost of watching",
         "",
-        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
-        f"{data.get('wall_s', 0) / 60:.0f} min; configurations and rates from "
+        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}"
+        f"{_commit(data)}, {data.get('wall_s', 0) / 60:.0f} min; configurations and rates from "
         f"`{data['watching_from']}`.",
         "",
         f"Machine: {machine_line(data['machine'])}.",
@@ -324,6 +324,12 @@ def watching_markdown(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _commit(data: dict[str, Any]) -> str:
+    commit = data.get("feedrate_commit")
+    dirty = " + uncommitted changes" if data.get("src_uncommitted_changes") else ""
+    return f" (commit {commit[:7]}{dirty})" if commit else ""
+
+
 def _fmt(times: list[float]) -> str:
     return ", ".join(f"{t:.2f} s" for t in times)
 
@@ -336,8 +342,8 @@ def markdown(data: dict[str, Any]) -> str:
     out = [
         f"# autotune while training runs{' (--quick)' if data['quick'] else ''}",
         "",
-        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
-        f"{data.get('wall_s', 0) / 60:.0f} min.",
+        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}"
+        f"{_commit(data)}, {data.get('wall_s', 0) / 60:.0f} min.",
         "",
         f"Machine: {machine_line(data['machine'])}.",
         "",
