@@ -321,7 +321,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"# feedrate against the grid, the rules and the other tuners"
         f"{' (--quick)' if data['quick'] else ''}",
         "",
-        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}, "
+        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}"
+        + (f" (commit {data['feedrate_commit'][:7]})" if data.get("feedrate_commit") else "")
+        + ", "
         f"{data.get('wall_s', 0) / 60:.0f} min, {data['rounds']} interleaved round(s).",
         "",
         f"Machine: {machine_line(data['machine'])}.",
