@@ -42,7 +42,7 @@ from feedrate.config import (
 from feedrate.errors import UserError
 from feedrate.failures import stop_workers
 from feedrate.machine import MachineFacts, collect
-from feedrate.measuring import _sample_counter, batch_nbytes, warmup_batches
+from feedrate.measuring import _epoch_length, _sample_counter, batch_nbytes, warmup_batches
 from feedrate.probe import ProcessProbe
 from feedrate.results import Spread, Trial
 from feedrate.tuning import _space as tuning_space
@@ -153,7 +153,7 @@ class _Stream:
 
 class _Feed(Sampler[list[Any]]):
     """The batch sampler of a lane: it takes index batches from the epoch's stream as
-    DataLoader asks, until frozen. While ``keep`` is set it remembers what it took, so a lane
+    DataLoader asks, until frozen. While ``kept`` is a list it records what it took, so a lane
     that fails to start can put it back."""
 
     def __init__(self) -> None:
@@ -175,8 +175,10 @@ class _Feed(Sampler[list[Any]]):
 
     def __len__(self) -> int:
         stream = self.stream
-        if stream is None or self.frozen or stream.length is None:
-            return 0 if stream is None or self.frozen else 1 << 30
+        if stream is None or self.frozen:
+            return 0
+        if stream.length is None:
+            return 1 << 30  # unknown: as long as the user's sampler goes on
         return max(0, stream.length - stream.taken)
 
 
@@ -314,13 +316,6 @@ class _Stretch:
             _add_figures(trial, self.probe)
         self.stop()
         return trial
-
-
-def _length(sampler: Any) -> int | None:
-    try:
-        return len(sampler)
-    except TypeError:  # a batch sampler without __len__
-        return None
 
 
 def _robust_sd(rates: list[float]) -> float:
@@ -485,7 +480,7 @@ class AutoLoader:
         if self._epoch == 1 or not (user.persistent_workers and user.num_workers > 0):
             gen = user.generator
             self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
-        stream = _Stream(sampler_it, _length(self._user.batch_sampler))
+        stream = _Stream(sampler_it, _epoch_length(self._user))
         self._warmup_cap = 1 << 30 if stream.length is None else max(1, stream.length // 4)
         lane = self._start_lane(stream)
         while True:

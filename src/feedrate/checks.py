@@ -63,9 +63,9 @@ def workers_past_cpus_finding(baseline: Trial, best: Trial, cpus: int) -> Findin
         "workers-past-cpus",
         "info",
         f"num_workers={w} is above the {cpus} usable CPUs on purpose: it measured "
-        f"{best.median:,.0f} samples/s (your settings {baseline.median:,.0f}), its workers "
-        "mostly waiting rather than computing. DataLoader will warn that this is more than it "
-        "suggests; that warning is a rule of thumb, this count was measured",
+        f"{best.median:,.0f} samples/s (your settings {baseline.median:,.0f}), each worker "
+        f"busy {best.worker_cpu_mean:.0%} of a core. DataLoader will warn that this is more "
+        "than it suggests; that warning is a rule of thumb, this count was measured",
         "loader = result.loader()  # or feedrate.allow_many_workers(your_loader): no warning",
     )
 

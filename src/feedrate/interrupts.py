@@ -52,13 +52,12 @@ def stoppable(*, sigterm: bool = False) -> Iterator[None]:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
     if sigterm:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt)
-    outermost = bool(previous)
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
-        if outermost:
+        if previous:  # the outermost: what it remembered ends with it
             _seen = False
 
 
