@@ -4,8 +4,10 @@ worker outlives a run (SIGTERM behaves like Ctrl-C, leftover children are ended)
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,29 @@ def provenance() -> dict[str, object]:
         "feedrate_commit": git("rev-parse", "HEAD"),
         "src_uncommitted_changes": bool(git("status", "--porcelain", "src")),
     }
+
+
+def earlier_records(
+    path: Path, names: Sequence[str], quick: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """--merge: the records of an earlier run (``path``) for the pipelines not in ``names``, each
+    marked with the date and commit it was measured at, and that run's document (None if there
+    is none). Exits when the earlier run was of the other mode (quick or full)."""
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [], None
+    if earlier.get("quick") != quick:
+        sys.exit(f"--merge: {path} is a {'quick' if earlier.get('quick') else 'full'} run")
+    kept = []
+    for record in earlier.get("pipelines", []):
+        if record["name"] not in names:
+            record.setdefault(
+                "run",
+                {"date": earlier.get("date"), "feedrate_commit": earlier.get("feedrate_commit")},
+            )
+            kept.append(record)
+    return kept, earlier
 
 
 def guarded(run: Callable[[], dict[str, Any]], out: Path, render: Callable[[Any], str]) -> int:

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import guarded, machine_line, provenance
+from common import earlier_records, guarded, machine_line, provenance
 from torch.utils.data import DataLoader
 from tune_vs_grid import FULL_PREFETCH, FULL_WORKERS, grid_configs, measure_one
 
@@ -289,26 +289,6 @@ def stem(quick: bool) -> str:
     return "compare-quick" if quick else "compare"
 
 
-def keep_earlier(path: Path, names: Sequence[str], quick: bool) -> list[dict[str, Any]]:
-    """--merge: the earlier run's records of the pipelines not measured now, each marked with
-    the date and commit it was measured at."""
-    try:
-        earlier = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    if earlier.get("quick") != quick:
-        sys.exit(f"--merge: {path} is a {'quick' if earlier.get('quick') else 'full'} run")
-    kept = []
-    for record in earlier.get("pipelines", []):
-        if record["name"] not in names:
-            record.setdefault(
-                "run",
-                {"date": earlier.get("date"), "feedrate_commit": earlier.get("feedrate_commit")},
-            )
-            kept.append(record)
-    return kept
-
-
 def _in_suite_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     order = {p.name: i for i, p in enumerate(PIPELINES)}
     return sorted(records, key=lambda r: order.get(r["name"], len(order)))
@@ -444,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
 
     earlier = args.out / f"{stem(args.quick)}.json"
-    kept = keep_earlier(earlier, names, args.quick) if args.merge else []
+    kept = earlier_records(earlier, names, args.quick)[0] if args.merge else []
 
     def run() -> dict[str, Any]:
         done: list[dict[str, Any]] = []

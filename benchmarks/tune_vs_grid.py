@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import tune_vs_grid_report as report
-from common import git, leftover_children, machine_line, provenance
+from common import earlier_records, git, leftover_children, machine_line, provenance
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.utils.data import DataLoader
@@ -371,20 +371,10 @@ def _ordered(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _keep_earlier(bench: Bench) -> None:
     """--merge: the earlier results' records of the pipelines not measured now."""
-    path = bench.out / f"{report.STEM}.json"
-    try:
-        earlier = json.loads(path.read_text())
-    except (OSError, ValueError):
+    kept, earlier = earlier_records(bench.out / f"{report.STEM}.json", bench.names, bench.quick)
+    if earlier is None:
         return
-    if earlier.get("quick") != bench.quick:
-        sys.exit(f"--merge: {path} is a {'quick' if earlier.get('quick') else 'full'} run")
-    for record in earlier.get("pipelines", []):
-        if record["name"] not in bench.names:
-            record.setdefault(
-                "run",
-                {"date": earlier.get("date"), "feedrate_commit": earlier.get("feedrate_commit")},
-            )
-            bench.kept.append(record)
+    bench.kept += kept
     bench.kept_from = {"command": earlier.get("command"), "date": earlier.get("date")}
 
 
