@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import guarded, machine_line, provenance
+from common import commit_label, guarded, machine_line, provenance
 from torch.utils.data import DataLoader, Sampler
 
 import feedrate
@@ -298,7 +298,8 @@ def watching_markdown(data: dict[str, Any]) -> str:
         "# autotune: the cost of watching",
         "",
         f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}"
-        f"{_commit(data)}, {data.get('wall_s', 0) / 60:.0f} min; configurations and rates from "
+        f" (commit {commit_label(data)}), {data.get('wall_s', 0) / 60:.0f} min; "
+        "configurations and rates from "
         f"`{data['watching_from']}`.",
         "",
         f"Machine: {machine_line(data['machine'])}.",
@@ -324,12 +325,6 @@ def watching_markdown(data: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _commit(data: dict[str, Any]) -> str:
-    commit = data.get("feedrate_commit")
-    dirty = " + uncommitted changes" if data.get("src_uncommitted_changes") else ""
-    return f" (commit {commit[:7]}{dirty})" if commit else ""
-
-
 def _fmt(times: list[float]) -> str:
     return ", ".join(f"{t:.2f} s" for t in times)
 
@@ -343,7 +338,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"# autotune while training runs{' (--quick)' if data['quick'] else ''}",
         "",
         f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}"
-        f"{_commit(data)}, {data.get('wall_s', 0) / 60:.0f} min.",
+        f" (commit {commit_label(data)}), {data.get('wall_s', 0) / 60:.0f} min.",
         "",
         f"Machine: {machine_line(data['machine'])}.",
         "",

@@ -52,6 +52,13 @@ def provenance() -> dict[str, object]:
     }
 
 
+def commit_label(run: dict[str, Any]) -> str:
+    """The commit a run measured (7 digits), and whether src/ had changes not committed."""
+    sha = run.get("feedrate_commit")
+    sha = sha[:7] if sha else "unknown"
+    return sha + (" + uncommitted src changes" if run.get("src_uncommitted_changes") else "")
+
+
 def earlier_records(
     path: Path, names: Sequence[str], quick: bool
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common import earlier_records, guarded, machine_line, provenance
+from common import commit_label, earlier_records, guarded, machine_line, provenance
 from torch.utils.data import DataLoader
 from tune_vs_grid import FULL_PREFETCH, FULL_WORKERS, grid_configs, measure_one
 
@@ -301,9 +301,8 @@ def markdown(data: dict[str, Any]) -> str:
         f"# feedrate against the grid, the rules and the other tuners"
         f"{' (--quick)' if data['quick'] else ''}",
         "",
-        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']}"
-        + (f" (commit {data['feedrate_commit'][:7]})" if data.get("feedrate_commit") else "")
-        + ", "
+        f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']} "
+        f"(commit {commit_label(data)}), "
         f"{data.get('wall_s', 0) / 60:.0f} min, {data['rounds']} interleaved round(s).",
         "",
         f"Machine: {machine_line(data['machine'])}.",
@@ -312,8 +311,7 @@ def markdown(data: dict[str, Any]) -> str:
             [
                 "Kept from earlier runs (`--merge`): "
                 + "; ".join(
-                    f"{p['name']} ({p['run']['date']}, "
-                    f"commit {(p['run'].get('feedrate_commit') or '?')[:7]})"
+                    f"{p['name']} ({p['run']['date']}, commit {commit_label(p['run'])})"
                     for p in merged
                 )
                 + ".",

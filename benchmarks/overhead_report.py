@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common import machine_line
+from common import commit_label, machine_line
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']} "
-            f"({_commit(data)}), "
+            f"({commit_label(data)}), "
             f"{data['rounds']} rounds (ABBA), {data['wall_s']:.0f} s",
             "",
             "Cells: median samples/s (median ratio to bare, min–max over rounds). overhead = "
@@ -269,11 +269,6 @@ def markdown(data: dict[str, Any]) -> str:
             "",
         ]
     )
-
-
-def _commit(data: dict[str, Any]) -> str:
-    sha = (data.get("feedrate_commit") or "unknown commit")[:10]
-    return f"{sha} + uncommitted src changes" if data.get("src_uncommitted_changes") else sha
 
 
 def _load(load: dict[str, float]) -> str:

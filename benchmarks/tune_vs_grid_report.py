@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from common import machine_line
+from common import commit_label, machine_line
 from rich.progress import Progress
 
 from feedrate.config import LoaderConfig
@@ -151,8 +151,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"# tune vs exhaustive grid{' (--quick)' if data['quick'] else ''}",
         "",
         f"`{data['command']}` — {data['date']}, feedrate {data['feedrate_version']} "
-        f"({(data.get('feedrate_commit') or '?')[:10]}"
-        f"{', src modified' if data.get('src_uncommitted_changes') else ''}), "
+        f"({commit_label(data)}), "
         f"{data['wall_s'] / 60:.0f} min{'' if data['complete'] else ', INCOMPLETE'}.",
         "",
         f"Machine: {machine_line(data['machine'])}.",
@@ -194,7 +193,7 @@ def _runs(data: dict[str, Any]) -> list[str]:
     if not data.get("merged_from"):
         return []
     parts = [
-        f"{p['name']} {p['run']['date']} ({(p['run'].get('feedrate_commit') or '?')[:7]})"
+        f"{p['name']} {p['run']['date']} ({commit_label(p['run'])})"
         for p in data["pipelines"]
         if p.get("run")
     ]
