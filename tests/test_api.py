@@ -37,6 +37,37 @@ def test_public_names_are_pinned() -> None:
         assert hasattr(feedrate, name)
 
 
+def test_lazy_names_are_the_ones_type_checkers_see() -> None:
+    """``feedrate`` imports its names on first use; the ``TYPE_CHECKING`` imports that give them
+    their types must name the same objects."""
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(inspect.getsource(feedrate))
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)
+    )
+    seen = {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    lazy = {name: (f"feedrate.{module}", attr) for name, (module, attr) in feedrate._LAZY.items()}
+    assert seen == lazy
+    assert set(feedrate.__all__) == {*lazy, "__version__"}
+    for name, (module, attr) in lazy.items():
+        assert getattr(feedrate, name) is getattr(importlib.import_module(module), attr)
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'tuner'"):
+        feedrate.tuner  # noqa: B018
+
+
 def test_user_errors_exit_2_and_pipeline_errors_exit_3() -> None:
     assert feedrate.TargetError("x").exit_code == 2
     assert feedrate.UserError("x").exit_code == 2

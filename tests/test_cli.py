@@ -173,6 +173,40 @@ def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
     assert "interrupted" in stderr and "Traceback" not in stderr
 
 
+# A Ctrl-C at the moment torch starts to load: a finder on sys.meta_path sends SIGINT to its own
+# process when `torch` is first imported, which lands inside that import.
+_INTERRUPT_TORCH_IMPORT = """
+import os, signal, sys
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, Interrupt())
+from feedrate.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_the_command_line_starts_without_torch() -> None:
+    code = "import sys, feedrate, feedrate.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_ctrl_c_while_torch_loads_is_an_interruption_not_a_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_TORCH_IMPORT, "measure", f"{EXAMPLES}/images.py:loader"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=default_sigint,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert "feedrate: interrupted" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
