@@ -285,6 +285,16 @@ def _cell(pick: dict[str, Any]) -> str:
     return f"{label}: **{ratio:.2f}**{spread}{timing}" if ratio is not None else label
 
 
+def _overall(pipelines: list[dict[str, Any]], method: str) -> str:
+    """A method over the pipelines it ran on: the geometric mean of its ratios, and the worst."""
+    ratios = [p["methods"][method].get("ratio") for p in pipelines]
+    ran = [r for r in ratios if r is not None and r > 0]
+    if not ran:
+        return "ran on none"
+    some = f" ({len(ran)} of {len(ratios)})" if len(ran) < len(ratios) else ""
+    return f"**{statistics.geometric_mean(ran):.2f}**, worst {min(ran):.2f}{some}"
+
+
 def stem(quick: bool) -> str:
     return "compare-quick" if quick else "compare"
 
@@ -335,6 +345,13 @@ def markdown(data: dict[str, Any]) -> str:
             + " | ".join(cells)
             + " |"
         )
+    if len(data["pipelines"]) > 1:
+        grid_min = sum(p["grid_wall_s"] for p in data["pipelines"]) / 60
+        out.append(
+            f"| **all**: geometric mean, worst | ({grid_min:.0f} min) | "
+            + " | ".join(_overall(data["pipelines"], m) for m in methods)
+            + " |"
+        )
     out += ["", "Why each could not run, where it could not:", ""]
     for p in data["pipelines"]:
         for m, pick in p["methods"].items():
@@ -351,7 +368,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
     if not ps:
         return
     methods = list(ps[0]["methods"])
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = Figure(figsize=(11, 5), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     width = 0.8 / len(methods)
@@ -366,12 +383,17 @@ def chart(data: dict[str, Any], path: Path) -> None:
             ys.append(pick["ratio"])
             errs.append((pick["ratio"] - lo, hi - pick["ratio"]))
         if xs:
-            ax.bar(xs, ys, width, label=m, yerr=list(zip(*errs, strict=True)), capsize=2)
+            bars = list(zip(*errs, strict=True))
+            ax.bar(xs, ys, width, color=f"C{i}", label=m, yerr=bars, capsize=2)
+        failed = [j + i * width for j, p in enumerate(ps) if p["methods"][m].get("ratio") is None]
+        if failed:  # an empty slot would read as "not measured": mark "could not run"
+            label = f"{m}: × could not run" if not xs else "_nolegend_"
+            ax.plot(failed, [0.03] * len(failed), "x", color=f"C{i}", ms=7, mew=2, label=label)
     ax.axhline(1.0, color="0.3", lw=1, ls="--")
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(ps))], [p["name"] for p in ps])
     ax.set_ylabel("samples/s ÷ grid best (median of rounds)")
     ax.set_title("Each method's pick against the exhaustive grid's best", fontsize=10)
-    ax.legend(fontsize=7, ncols=3)
+    fig.legend(loc="outside lower center", fontsize=7, ncols=5)
     fig.savefig(path, dpi=110)
 
 
