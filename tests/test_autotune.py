@@ -298,29 +298,6 @@ def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:
     assert stretch(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)
 
 
-def test_a_trial_of_bursts_is_judged_by_its_whole_rate() -> None:
-    """8 workers deliver their batches together, then wait together: windows shorter than the
-    batches in flight would measure the bursts (their median 125 samples/s here), not the rate
-    the loop got over the trial (100)."""
-    st = _Stretch(LoaderConfig(8, prefetch_factor=2), "test", warmup=0)
-    now = 0.0
-    for i in range(40):
-        wait = 0.08 if i % 8 == 0 else 0.0
-        now += wait
-        st.add(1, wait, 0.0, now)
-    trial = st.trial()
-    assert trial.samples_per_s == pytest.approx(100.0)
-    assert trial.median == pytest.approx(100.0)
-
-
-def test_a_steady_trial_keeps_its_windows() -> None:
-    st = _Stretch(LoaderConfig(1, prefetch_factor=2), "test", warmup=0)
-    for i in range(24):
-        st.add(4, 0.0, 0.01 * (1 + i % 2), 0.015 * (i + 1))
-    trial = st.trial()
-    assert trial.spread is not None and len(trial.spread.windows) == 4
-
-
 def test_trials_know_the_batch_bytes() -> None:
     # The search reads them (big batches: busy workers may be copying, not computing).
     loader = DataLoader(TinyDataset(400, width=1024), batch_size=8)

@@ -293,12 +293,7 @@ class _Stretch:
             self.probe.window_close(time.perf_counter())
         w, s = self.waits[self.warmup :], self.steps[self.warmup :]
         n = self.samples[self.warmup :]
-        # A window of fewer batches than are in flight measures the queue, not the loader (many
-        # workers deliver in bursts): each window spans them, or with fewer than 3 such windows
-        # the trial is one window, its rate over all its batches.
-        cfg = self.config
-        k = len(s) // max(3, cfg.num_workers * (cfg.prefetch_factor or 0))
-        k = min(4, k) if k >= 3 else 1
+        k = max(1, min(4, len(s) // 3))
         size = max(1, len(s) // k)
         rates = []
         for i in range(0, size * k, size):
