@@ -373,10 +373,11 @@ def chart(data: dict[str, Any], path: Path) -> None:
     ax = fig.subplots()
     width = 0.8 / len(methods)
     for i, m in enumerate(methods):
-        xs, ys, errs = [], [], []
+        xs, ys, errs, failed = [], [], [], []
         for j, p in enumerate(ps):
             pick = p["methods"][m]
             if pick.get("ratio") is None:
+                failed.append(j + i * width)
                 continue
             lo, hi = pick.get("ratio_range") or (pick["ratio"], pick["ratio"])
             xs.append(j + i * width)
@@ -385,7 +386,6 @@ def chart(data: dict[str, Any], path: Path) -> None:
         if xs:
             bars = list(zip(*errs, strict=True))
             ax.bar(xs, ys, width, color=f"C{i}", label=m, yerr=bars, capsize=2)
-        failed = [j + i * width for j, p in enumerate(ps) if p["methods"][m].get("ratio") is None]
         if failed:  # an empty slot would read as "not measured": mark "could not run"
             label = f"{m}: × could not run" if not xs else "_nolegend_"
             ax.plot(failed, [0.03] * len(failed), "x", color=f"C{i}", ms=7, mew=2, label=label)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from feedrate.tuning import tune
 
 # Public name -> (module, name there). The TYPE_CHECKING imports say the same to type checkers;
-# tests/test_package.py holds the two to agreement.
+# tests/test_api.py holds the two to agreement.
 _LAZY = {
     "AutoLoader": ("autotuning", "AutoLoader"),
     "autotune": ("autotuning", "autotune"),
