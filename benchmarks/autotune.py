@@ -48,10 +48,14 @@ from common import commit_label, guarded, machine_line, provenance
 from torch.utils.data import DataLoader, Sampler
 
 import feedrate
-from feedrate import autotuning, cache
-from feedrate.config import LoaderConfig, is_iterable_style, rebuild
-from feedrate.machine import collect
-from feedrate.measuring import _sample_counter, measure
+from feedrate.autotuning.loader import cache_key
+from feedrate.loader.batches import sample_counter
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import is_iterable_style, rebuild
+from feedrate.machine import cache
+from feedrate.machine.facts import collect
+from feedrate.measuring.measure import measure
+from feedrate.results.autotune import AutotuneReport
 
 from pipelines import BY_NAME, PIPELINES
 
@@ -138,7 +142,7 @@ def run_epochs(loader: Any, count: Any, rate: float, epochs: int) -> list[float]
 def static(loader: DataLoader[Any], w: int, rate: float, epochs: int) -> dict[str, Any]:
     cfg = LoaderConfig(w, prefetch_factor=2, persistent_workers=w > 0)
     run = rebuild(loader, cfg)
-    times = run_epochs(run, _sample_counter(loader), rate, epochs)
+    times = run_epochs(run, sample_counter(loader), rate, epochs)
     del run
     return {"config": cfg.to_dict(), "label": cfg.label(), "epochs": times}
 
@@ -152,12 +156,12 @@ def watching(
     with tempfile.TemporaryDirectory() as folder:
         os.environ["FEEDRATE_CACHE_DIR"] = folder
         cache.save(
-            autotuning.cache_key(facts, loader, None, False),
+            cache_key(facts, loader, None, False),
             {"schema": "feedrate.autotune/1", "config": best.to_dict()},
         )
         plain = rebuild(loader, best)
         auto = feedrate.autotune(loader, machine=facts)
-        count = _sample_counter(loader)
+        count = sample_counter(loader)
         run_epochs(plain, count, rate, 1)  # first epochs: worker start-up, not watching
         run_epochs(auto, count, rate, 1)
         pairs, cpu_pairs = [], []
@@ -205,12 +209,12 @@ def block_ratios(rounds: list[dict[str, float]]) -> list[float]:
 
 def paired(
     loader: DataLoader[Any], best: LoaderConfig, rate: float, epochs: int
-) -> tuple[list[float], list[float], autotuning.AutotuneReport]:
+) -> tuple[list[float], list[float], AutotuneReport]:
     """Fresh autotune and a fresh static loader, one epoch of each in turn (order alternating):
     the epoch times of each and autotune's report."""
     plain = rebuild(loader, best)
     auto = feedrate.autotune(loader, cache=False)
-    count = _sample_counter(loader)
+    count = sample_counter(loader)
     times: dict[str, list[float]] = {"static": [], "autotune": []}
     order: list[tuple[str, Any]] = [("static", plain), ("autotune", auto)]
     for e in range(epochs):

@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from feedrate import interrupts
+from feedrate.measuring import interrupts
 
 
 def machine_line(m: dict[str, Any]) -> str:

@@ -48,8 +48,8 @@ from torch.utils.data import DataLoader
 from tune_vs_grid import FULL_PREFETCH, FULL_WORKERS, grid_configs, measure_one
 
 import feedrate
-from feedrate.config import LoaderConfig
-from feedrate.machine import MachineFacts, collect
+from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import MachineFacts, collect
 
 from pipelines import BY_NAME, PIPELINES
 

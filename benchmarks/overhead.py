@@ -48,12 +48,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import interrupts
-from feedrate.config import LoaderConfig, quiet_worker_count_warning, rebuild
-from feedrate.failures import stop_workers
-from feedrate.machine import MachineFacts, collect
-from feedrate.measuring import measure
-from feedrate.target import load_target
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import quiet_worker_count_warning, rebuild
+from feedrate.loader.target import load_target
+from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring import interrupts, measure
+from feedrate.measuring.failures import stop_workers
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 

@@ -30,10 +30,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
-from feedrate.config import LoaderConfig
-from feedrate.failures import IndexReportingDataset
-from feedrate.measuring import count_samples
-from feedrate.probe import ProbeReport, ProcessProbe
+from feedrate.loader.batches import count_samples
+from feedrate.loader.config import LoaderConfig
+from feedrate.measuring.failures import IndexReportingDataset
+from feedrate.measuring.processes import ProcessProbe
+from feedrate.results.processes import ProbeReport
 
 # The modules themselves, to patch the probe ``measure`` uses.
 MEASURE = importlib.import_module("feedrate.measuring")

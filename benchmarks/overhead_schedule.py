@@ -8,9 +8,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from feedrate import windows
-from feedrate.config import LoaderConfig
-from feedrate.measuring import warmup_batches
+from feedrate.loader.config import LoaderConfig
+from feedrate.measuring import windows
+from feedrate.measuring.measure import warmup_batches
 
 WINDOWS = 5
 """``windows_count`` of every measurement in the benchmark."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from feedrate.target import load_target
+from feedrate.loader.target import load_target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 _MASK64 = (1 << 64) - 1

@@ -43,12 +43,12 @@ from common import guarded, machine_line
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate.config import LoaderConfig
 from feedrate.errors import PipelineError
-from feedrate.machine import collect
-from feedrate.measuring import measure
-from feedrate.results import Trial
-from feedrate.tuning import tune
+from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import collect
+from feedrate.measuring.measure import measure
+from feedrate.results.trial import Trial
+from feedrate.workflows.tune import tune
 
 from pipelines import BY_NAME, EXAMPLES
 
@@ -65,7 +65,7 @@ CPU_PIPELINES = ("images", "tokenize")
 
 def remote_b64() -> DataLoader[Any]:
     """The remote example with 64 samples a batch (more room for threads in one batch)."""
-    from feedrate.target import load_target
+    from feedrate.loader.target import load_target
 
     loader = load_target(f"{EXAMPLES / 'remote.py'}:loader")
     return DataLoader(loader.dataset, batch_size=64)

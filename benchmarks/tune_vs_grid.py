@@ -46,14 +46,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import interrupts, search
-from feedrate.config import LoaderConfig
-from feedrate.consumer import Consumer, make_consumer
 from feedrate.errors import PipelineError
-from feedrate.machine import MachineFacts, collect
-from feedrate.measuring import measure
-from feedrate.results import Trial
-from feedrate.tuning import tune
+from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring import interrupts, measure
+from feedrate.measuring.consumer import Consumer, make_consumer
+from feedrate.results.trial import Trial
+from feedrate.search.space import Space, covers, predict_over_budget
+from feedrate.workflows.tune import tune
 
 from pipelines import BY_NAME, PIPELINES, Pipeline, epoch_batches, item_cost
 
@@ -103,12 +103,12 @@ class Bench:
     def prefetch(self) -> tuple[int, ...]:
         return QUICK_PREFETCH if self.quick else FULL_PREFETCH
 
-    def space(self, loader: DataLoader[Any]) -> search.Space:
+    def space(self, loader: DataLoader[Any]) -> Space:
         """The caps the grid keeps to: tune's own budgets, tightened for a shared machine."""
         avail = self.facts.memory_available_bytes or MEMORY_CAP
         shm = self.facts.shm_free_bytes or SHM_CAP
         fds = self.facts.open_files_soft if self.facts.sharing_strategy == "file_descriptor" else 0
-        return search.Space(
+        return Space(
             cpus=self.facts.cpus_usable,
             baseline=LoaderConfig(0),
             max_workers=max(self.workers),
@@ -155,7 +155,7 @@ def run_grid(bench: Bench, p: Pipeline, loader: DataLoader[Any], ui: report.Ui) 
     began = time.perf_counter()
     for i, cfg in enumerate(configs):
         ui.step(f"{p.name}: grid {i + 1}/{len(configs)} {cfg.label()}")
-        skip = search.predict_over_budget(space, trials, cfg)
+        skip = predict_over_budget(space, trials, cfg)
         trial, wall = (
             (Trial(cfg, "grid", skipped=skip), 0.0)
             if skip
@@ -235,7 +235,7 @@ def consumer_grid(
 ) -> dict[str, Any]:
     """Ground truth with the consumer itself: the grid's worker counts (pf=2, persistent, the
     series tune walks), each measured feeding a consumer of ``rate``, fewest first, up to the
-    first that keeps it fed (stall ≤ search.STALL_MARGIN)."""
+    first that keeps it fed (stall ≤ STALL_MARGIN)."""
     consumer = make_consumer(rate=rate)
     entries, covering = [], None
     for w in bench.workers:
@@ -244,7 +244,7 @@ def consumer_grid(
         trial, wall = measure_one(loader, cfg, bench.facts, consumer)
         entries.append(grid_entry(trial, wall))
         ui.note(f"{p.name:<9} consumer {cfg.label():<22} {report.outcome(trial)}  ({wall:.1f} s)")
-        if search.covers(trial):
+        if covers(trial):
             covering = w
             break
     return {"configs": entries, "covering_w": covering}
@@ -259,7 +259,7 @@ def consumer_check(
     tuned = run_tune(p, ui, rate=rate)
     truth = consumer_grid(bench, p, loader, rate, ui)
     tune_w, fed_w = tuned["config"]["num_workers"], truth["covering_w"]
-    tune_covers = search.covers(Trial.from_dict(tuned["best"]))
+    tune_covers = covers(Trial.from_dict(tuned["best"]))
     grid_w = None if covering is None else covering["trial"]["config"]["num_workers"]
     return {
         "rate": rate,

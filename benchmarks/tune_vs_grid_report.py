@@ -12,9 +12,9 @@ from typing import Any
 from common import commit_label, machine_line
 from rich.progress import Progress
 
-from feedrate.config import LoaderConfig
-from feedrate.results import Trial
-from feedrate.tuning import Progress as TuneProgress
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.trial import Trial
+from feedrate.workflows.tune import Progress as TuneProgress
 
 SCHEMA = "feedrate.bench.tune_vs_grid/1"
 RATIO_MIN = 0.95

@@ -14,9 +14,18 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import feedrate
-from feedrate.autotuning import RETUNE_STALL, TRIAL_BATCHES, TRIAL_S, WATCH_S, AutoLoader, _Stretch
-from feedrate.config import LoaderConfig
+from feedrate.autotuning import lanes
+from feedrate.autotuning.lanes import Lane
+from feedrate.autotuning.loader import (
+    RETUNE_STALL,
+    TRIAL_BATCHES,
+    TRIAL_S,
+    WATCH_S,
+    AutoLoader,
+    _Stretch,
+)
 from feedrate.errors import UserError
+from feedrate.loader.config import LoaderConfig
 
 from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset, UnshardedStream
 
@@ -311,9 +320,8 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
 ) -> None:
     # The second lane takes three index batches from the epoch's stream, then its start fails
     # (as when /dev/shm or memory runs out): those batches go back, the first lane goes on.
-    from feedrate import autotuning
 
-    real = autotuning.quiet_worker_count_warning
+    real = lanes.quiet_worker_count_warning
     started: list[int] = []
 
     @contextlib.contextmanager
@@ -328,14 +336,14 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
             raise OSError("no space left in /dev/shm")
 
     stack: list[Any] = []
-    real_start = autotuning._Lane.start
+    real_start = Lane.start
 
     def start(self: Any, stream: Any) -> None:
         stack.append(self.feed)
         real_start(self, stream)
 
-    monkeypatch.setattr(autotuning, "quiet_worker_count_warning", failing)
-    monkeypatch.setattr(autotuning._Lane, "start", start)
+    monkeypatch.setattr(lanes, "quiet_worker_count_warning", failing)
+    monkeypatch.setattr(Lane, "start", start)
     make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(2))  # noqa: E731
     want = epochs(make(), 1)
     with feedrate.autotune(make(), cache=False) as auto:

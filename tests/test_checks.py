@@ -8,13 +8,29 @@ from typing import Any
 
 import pytest
 
-from feedrate import checks, checks_bottleneck, checks_dataset, checks_machine
-from feedrate.checks_bottleneck import Pace
-from feedrate.config import LoaderConfig
-from feedrate.experiments import StreamDigests, WorkerView
-from feedrate.inspect_dataset import Container
-from feedrate.results import Spread, Trial
-from feedrate.sampling import SampleRun, WorkerMemory
+from feedrate.checks import dataset as checks_dataset
+from feedrate.checks.bottleneck import Pace, bottleneck_finding, bottleneck_kind, classify
+from feedrate.checks.machine import (
+    cpu_quota_finding,
+    fd_limit_finding,
+    pin_memory_finding,
+    pin_memory_unused_finding,
+    shm_finding,
+)
+from feedrate.checks.tune import check_failed_finding
+from feedrate.checks.workers import (
+    busy_machine_finding,
+    consumer_worker_finding,
+    data_stall_finding,
+    startup_cause,
+    startup_finding,
+    worker_count_finding,
+    workers_past_cpus_finding,
+)
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerMemory, WorkerView
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial
 
 MiB = 2**20
 
@@ -71,60 +87,58 @@ def machine(**changes: Any) -> dict[str, Any]:
 
 
 def test_bottleneck_classes_from_cpu_figures() -> None:
-    cpu = checks_bottleneck.bottleneck_finding(trial(2, main=0.05, each=0.95), 2, False)
+    cpu = bottleneck_finding(trial(2, main=0.05, each=0.95), 2, False)
     assert cpu.id == "bottleneck" and cpu.severity == "info"
     assert cpu.message.startswith("CPU-bound in the workers") and "95% each" in cpu.message
-    latency = checks_bottleneck.bottleneck_finding(trial(8, main=0.1, each=0.05), 2, False)
+    latency = bottleneck_finding(trial(8, main=0.1, each=0.05), 2, False)
     assert latency.message.startswith("latency-bound") and "more workers" in latency.fix
-    main = checks_bottleneck.bottleneck_finding(trial(2, main=0.95, each=0.3), 2, False)
+    main = bottleneck_finding(trial(2, main=0.95, each=0.3), 2, False)
     assert main.message.startswith("main-process-bound")
 
 
 def test_ipc_bound_needs_many_bytes_and_a_busy_main_process() -> None:
     # 64 MiB batches of 64 samples at 1,000 samples/s: 1 GiB/s through shared memory.
     big = trial(2, main=0.9, each=0.4, batch_bytes=64 * MiB)
-    assert checks_bottleneck.classify(big, 2, batch_size=64) == "ipc"
-    found = checks_bottleneck.bottleneck_finding(big, 2, False, batch_size=64)
+    assert classify(big, 2, batch_size=64) == "ipc"
+    found = bottleneck_finding(big, 2, False, batch_size=64)
     assert found.message.startswith("IPC-bound")
     assert "1000.0 MiB/s of batches (64.0 MiB each)" in found.message
     assert "uint8" in found.fix
     small = trial(2, main=0.9, each=0.4, batch_bytes=64 * 1024)
-    assert checks_bottleneck.classify(small, 2, batch_size=64) == "main-process"
+    assert classify(small, 2, batch_size=64) == "main-process"
     idle_main = trial(2, main=0.1, each=0.95, batch_bytes=64 * MiB)
-    assert checks_bottleneck.classify(idle_main, 2, batch_size=64) == "cpu"
+    assert classify(idle_main, 2, batch_size=64) == "cpu"
 
 
 def test_workers_slower_than_none_is_ipc_or_no_workers_by_bytes() -> None:
     none = trial(0, rate=5000, main=1.0, each=0.0)
     heavy = trial(2, rate=1000, main=0.4, each=0.5, batch_bytes=16 * MiB)
     light = trial(2, rate=1000, main=0.4, each=0.5, batch_bytes=4096)
-    assert checks_bottleneck.classify(heavy, 2, 16, no_workers=none) == "ipc"
-    assert checks_bottleneck.classify(light, 2, 16, no_workers=none) == "no-workers"
-    found = checks_bottleneck.bottleneck_finding(light, 2, False, batch_size=16, no_workers=none)
+    assert classify(heavy, 2, 16, no_workers=none) == "ipc"
+    assert classify(light, 2, 16, no_workers=none) == "no-workers"
+    found = bottleneck_finding(light, 2, False, batch_size=16, no_workers=none)
     assert "with no workers it makes 5,000 samples/s against 1,000" in found.message
     # Within the noise, no verdict from the comparison.
     close = trial(0, rate=1010, main=1.0, each=0.0)
-    assert checks_bottleneck.classify(light, 2, 16, no_workers=close) != "no-workers"
+    assert classify(light, 2, 16, no_workers=close) != "no-workers"
 
 
 def test_consumer_bound_data_bound_contention_and_uneven() -> None:
     fed = Pace(trial(2, stall=0.02), trial(2, rate=5000), 1000.0)
-    found = checks_bottleneck.bottleneck_finding(fed.together, 2, True, pace=fed)
+    found = bottleneck_finding(fed.together, 2, True, pace=fed)
     assert found.message.startswith("consumer-bound") and "2% of the time" in found.message
     assert "the loader alone makes 5,000" in found.message
     assert "the consumer alone takes 1,000" in found.message
     starved = Pace(trial(0, rate=300, stall=0.6), trial(0, rate=320, main=1.0), 1000.0)
-    found = checks_bottleneck.bottleneck_finding(starved.together, 2, True, pace=starved)
+    found = bottleneck_finding(starved.together, 2, True, pace=starved)
     assert found.message.startswith("data-bound") and "60%" in found.message
     assert "num_workers" in found.fix  # no workers: move the work into workers
     competing = Pace(trial(2, rate=600, stall=0.3), trial(2, rate=3000), 900.0, True)
-    assert checks_bottleneck.bottleneck_kind(competing.together, 2, pace=competing) == "contention"
+    assert bottleneck_kind(competing.together, 2, pace=competing) == "contention"
     sleeping = Pace(trial(2, rate=600, stall=0.3), trial(2, rate=3000), 900.0, False)
-    assert checks_bottleneck.bottleneck_kind(sleeping.together, 2, pace=sleeping) == "uneven"
+    assert bottleneck_kind(sleeping.together, 2, pace=sleeping) == "uneven"
     # tune's use: a consumer run, nothing measured alone.
-    assert checks_bottleneck.bottleneck_finding(trial(2, stall=0.01), 2, True).message.startswith(
-        "consumer-bound"
-    )
+    assert bottleneck_finding(trial(2, stall=0.01), 2, True).message.startswith("consumer-bound")
 
 
 # -- workers, start-up -------------------------------------------------------------------------
@@ -132,101 +146,101 @@ def test_consumer_bound_data_bound_contention_and_uneven() -> None:
 
 def test_worker_count_only_beyond_the_noise() -> None:
     mine, better = trial(0, rate=400), trial(2, rate=800)
-    few = checks.worker_count_finding(mine, better)
+    few = worker_count_finding(mine, better)
     assert few is not None and few.id == "too-few-workers" and few.severity == "warning"
     assert "400 samples/s lost" in few.message and "num_workers=2" in few.fix
-    many = checks.worker_count_finding(trial(8, rate=400), trial(2, rate=800))
+    many = worker_count_finding(trial(8, rate=400), trial(2, rate=800))
     assert many is not None and many.id == "too-many-workers"
     noisy = trial(2, rate=800, noise=1.1)  # 800 ± 110%: not beyond 400
-    assert checks.worker_count_finding(mine, noisy) is None
-    assert checks.worker_count_finding(trial(2, rate=400), trial(2, rate=800)) is None
+    assert worker_count_finding(mine, noisy) is None
+    assert worker_count_finding(trial(2, rate=400), trial(2, rate=800)) is None
 
 
 def test_workers_past_the_cpus_are_explained_with_the_warning_they_raise() -> None:
-    past = checks.workers_past_cpus_finding(trial(0, rate=90), trial(32, rate=3000), cpus=2)
+    past = workers_past_cpus_finding(trial(0, rate=90), trial(32, rate=3000), cpus=2)
     assert past is not None and past.id == "workers-past-cpus" and past.severity == "info"
     assert "num_workers=32 is above the 2 usable CPUs" in past.message
     assert "DataLoader will warn" in past.message and "allow_many_workers" in past.fix
-    assert checks.workers_past_cpus_finding(trial(0, rate=90), trial(2, rate=300), cpus=2) is None
+    assert workers_past_cpus_finding(trial(0, rate=90), trial(2, rate=300), cpus=2) is None
 
 
 def test_worker_count_with_a_consumer_is_about_the_stall() -> None:
     starved, fed = trial(0, rate=300, stall=0.5), trial(2, rate=600, stall=0.01)
-    few = checks.consumer_worker_finding(starved, fed)
+    few = consumer_worker_finding(starved, fed)
     assert few is not None and few.id == "too-few-workers" and "50% of the time" in few.message
-    many = checks.consumer_worker_finding(trial(8, rate=600, stall=0.0), fed)
+    many = consumer_worker_finding(trial(8, rate=600, stall=0.0), fed)
     assert many is not None and many.id == "too-many-workers" and many.severity == "info"
     assert "less memory" in many.message
-    assert checks.consumer_worker_finding(fed, trial(4, rate=600, stall=0.0)) is None
-    assert checks.consumer_worker_finding(starved, trial(4, rate=400, stall=0.3)) is None
+    assert consumer_worker_finding(fed, trial(4, rate=600, stall=0.0)) is None
+    assert consumer_worker_finding(starved, trial(4, rate=400, stall=0.3)) is None
 
 
 def test_startup_cost_with_its_cause() -> None:
     mine = trial(4, rate=1000, persistent=False, restart_s=0.8)
-    cause = checks.startup_cause("spawn", init_s=0.5, age_s=0.8, pickled=300 * MiB)
+    cause = startup_cause("spawn", init_s=0.5, age_s=0.8, pickled=300 * MiB)
     assert cause is not None and "worker_init_fn takes 0.50 s" in cause
     assert "under spawn every worker imports" in cause
     assert "unpickles the dataset (300.0 MiB)" in cause
-    found = checks.startup_finding(mine, epoch_samples=10_000, cause=cause)
+    found = startup_finding(mine, epoch_samples=10_000, cause=cause)
     assert found is not None and found.id == "startup-cost" and found.severity == "warning"
     assert "0.80 s" in found.message and cause in found.message
     assert "persistent_workers=True" in found.fix
     kept = trial(4, rate=1000, persistent=True, restart_s=0.8)
-    assert checks.startup_finding(kept, epoch_samples=10_000) is None
-    assert checks.startup_cause("fork", init_s=0.001, age_s=0.05, pickled=None) is None
+    assert startup_finding(kept, epoch_samples=10_000) is None
+    assert startup_cause("fork", init_s=0.001, age_s=0.05, pickled=None) is None
 
 
 # -- machine -----------------------------------------------------------------------------------
 
 
 def test_cpu_quota_and_pin_memory_without_accelerator() -> None:
-    quota = checks.cpu_quota_finding(machine(cpu_count=64, cpu_quota=4.0, cpus_usable=4))
+    quota = cpu_quota_finding(machine(cpu_count=64, cpu_quota=4.0, cpus_usable=4))
     assert quota is not None and "4 CPUs but os.cpu_count() says 64" in quota.message
-    assert checks.cpu_quota_finding(machine()) is None
+    assert cpu_quota_finding(machine()) is None
     pinned = Trial(LoaderConfig(2, pin_memory=True), "yours")
-    assert checks.pin_memory_finding(pinned, machine()) is not None
-    assert checks.pin_memory_finding(pinned, machine(accelerator="cuda")) is None
+    assert pin_memory_finding(pinned, machine()) is not None
+    assert pin_memory_finding(pinned, machine(accelerator="cuda")) is None
 
 
 def test_pin_memory_unused_with_an_accelerator() -> None:
     gpu = machine(accelerator="cuda", accelerator_count=1, accelerator_name="NVIDIA H200")
-    big = checks_machine.pin_memory_unused_finding(LoaderConfig(2), gpu, 8 * MiB)
+    big = pin_memory_unused_finding(LoaderConfig(2), gpu, 8 * MiB)
     assert big is not None and big.id == "pin-memory-unused" and big.severity == "warning"
     assert "cuda × 1 (NVIDIA H200)" in big.message and "8.0 MiB" in big.message
     assert "not measure the copy cost" in big.message and "pin_memory=True" in big.fix
-    small = checks_machine.pin_memory_unused_finding(LoaderConfig(2), gpu, 4096)
+    small = pin_memory_unused_finding(LoaderConfig(2), gpu, 4096)
     assert small is not None and small.severity == "info"
-    assert checks_machine.pin_memory_unused_finding(LoaderConfig(2, True), gpu, MiB) is None
-    assert checks_machine.pin_memory_unused_finding(LoaderConfig(2), machine(), MiB) is None
+    assert pin_memory_unused_finding(LoaderConfig(2, True), gpu, MiB) is None
+    assert pin_memory_unused_finding(LoaderConfig(2), machine(), MiB) is None
 
 
 def test_shm_too_small() -> None:
     cfg = LoaderConfig(4, prefetch_factor=2)  # 8 batches in flight
-    over = checks_machine.shm_finding(cfg, machine(shm_free_bytes=60 * MiB), 10 * MiB)
+    over = shm_finding(cfg, machine(shm_free_bytes=60 * MiB), 10 * MiB)
     assert over is not None and over.id == "shm-too-small" and over.severity == "error"
     assert "60.0 MiB free" in over.message and "8 batches of 10.0 MiB" in over.message
     assert "SIGBUS" in over.message and "--shm-size=1g" in over.fix and "--ipc=host" in over.fix
-    tight = checks_machine.shm_finding(cfg, machine(shm_free_bytes=100 * MiB), 10 * MiB)
+    tight = shm_finding(cfg, machine(shm_free_bytes=100 * MiB), 10 * MiB)
     assert tight is not None and tight.severity == "warning"
-    assert checks_machine.shm_finding(cfg, machine(shm_free_bytes=2**30), 10 * MiB) is None
-    assert checks_machine.shm_finding(LoaderConfig(0), machine(shm_free_bytes=1), MiB) is None
-    assert checks_machine.shm_finding(cfg, machine(shm_free_bytes=None), MiB) is None
-    ours = checks_machine.shm_finding(cfg, machine(shm_free_bytes=MiB), MiB, suggested=True)
+    assert shm_finding(cfg, machine(shm_free_bytes=2**30), 10 * MiB) is None
+    assert shm_finding(LoaderConfig(0), machine(shm_free_bytes=1), MiB) is None
+    assert shm_finding(cfg, machine(shm_free_bytes=None), MiB) is None
+    ours = shm_finding(cfg, machine(shm_free_bytes=MiB), MiB, suggested=True)
     assert ours is not None and "the suggested 4 workers" in ours.message
 
 
 def test_fd_limit_under_the_file_descriptor_strategy() -> None:
     cfg = LoaderConfig(16, prefetch_factor=4)
-    low = checks_machine.fd_limit_finding(cfg, machine(open_files_soft=256), 3)
+    low = fd_limit_finding(cfg, machine(open_files_soft=256), 3)
     assert low is not None and low.id == "fd-limit" and low.severity == "error"
     assert "open-file limit is 256" in low.message and "ulimit -n" in low.fix
     assert "file_system" in low.fix
-    near = checks_machine.fd_limit_finding(cfg, machine(open_files_soft=330), 3)
+    near = fd_limit_finding(cfg, machine(open_files_soft=330), 3)
     assert near is not None and near.severity == "warning"
-    assert checks_machine.fd_limit_finding(cfg, machine(open_files_soft=65536), 3) is None
+    assert fd_limit_finding(cfg, machine(open_files_soft=65536), 3) is None
     other = machine(open_files_soft=16, sharing_strategy="file_system")
-    assert checks_machine.fd_limit_finding(cfg, other, 3) is None
-    assert checks_machine.fd_limit_finding(LoaderConfig(0), machine(open_files_soft=1), 3) is None
+    assert fd_limit_finding(cfg, other, 3) is None
+    assert fd_limit_finding(LoaderConfig(0), machine(open_files_soft=1), 3) is None
 
 
 # -- dataset -----------------------------------------------------------------------------------
@@ -327,28 +341,28 @@ def test_thread_oversubscription(changes: dict[str, Any], workers: int, expected
 
 
 def test_data_stall_with_a_consumer() -> None:
-    found = checks.data_stall_finding(trial(2, rate=600, stall=0.3), "more workers")
+    found = data_stall_finding(trial(2, rate=600, stall=0.3), "more workers")
     assert found is not None and found.id == "data-stall" and found.severity == "warning"
     assert "waits for data 30% of the time: 600 samples/s reach it" in found.message
     assert found.fix == "more workers"
-    assert checks.data_stall_finding(trial(2, stall=0.03), "x") is None
-    assert checks.data_stall_finding(trial(2), "x") is None
+    assert data_stall_finding(trial(2, stall=0.03), "x") is None
+    assert data_stall_finding(trial(2), "x") is None
 
 
 def test_busy_machine_from_cpus_others_kept_busy() -> None:
     quiet = trial(2, main=0.1, each=0.9)
     quiet.system_busy_cpus = 2.0  # all of it ours
-    assert checks.busy_machine_finding([quiet], 2) is None
+    assert busy_machine_finding([quiet], 2) is None
     busy = trial(2, main=0.1, each=0.4)
     busy.system_busy_cpus = 1.9  # 1.0 CPU someone else's
-    found = checks.busy_machine_finding([quiet, busy], 2)
+    found = busy_machine_finding([quiet, busy], 2)
     assert found is not None and found.id == "busy-machine" and found.severity == "info"
     assert "0.5 of the 2 usable CPUs" in found.message
-    assert checks.busy_machine_finding([trial(2)], 2) is None  # not known
+    assert busy_machine_finding([trial(2)], 2) is None  # not known
 
 
 def test_check_failed_names_the_check_and_what_it_took_down() -> None:
-    found = checks.check_failed_finding("memory run", "ValueError: bad", ["throughput"])
+    found = check_failed_finding("memory run", "ValueError: bad", ["throughput"])
     assert found.id == "check-failed" and found.severity == "warning"
     assert "the memory run failed: ValueError: bad" in found.message
     assert "not run because of it: throughput" in found.message

@@ -22,16 +22,15 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from feedrate.config import (
-    DEFAULT_PREFETCH_FACTOR,
-    LoaderConfig,
+from feedrate.errors import UserError
+from feedrate.loader.config import DEFAULT_PREFETCH_FACTOR, LoaderConfig
+from feedrate.loader.rebuild import (
     allow_many_workers,
     config_of,
     is_iterable_style,
     quiet_worker_count_warning,
     rebuild,
 )
-from feedrate.errors import UserError
 
 # --- doubles -----------------------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from feedrate.consumer import Consumer, make_consumer
 from feedrate.errors import UserError
+from feedrate.measuring.consumer import Consumer, make_consumer
 
 
 def test_none_without_options() -> None:

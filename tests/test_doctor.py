@@ -14,12 +14,15 @@ from typing import Any
 import pytest
 from torch.utils.data import DataLoader
 
-from feedrate import doctoring, experiments, sampling
 from feedrate.errors import UserError
-from feedrate.machine import MachineFacts, collect
-from feedrate.render import doctor_report
-from feedrate.report import DOCTOR_SCHEMA, Report
-from feedrate.tuning import tune
+from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring import workers as experiments
+from feedrate.measuring.memory_run import sample_run
+from feedrate.measuring.workers import inspect_workers
+from feedrate.render.console import doctor_report
+from feedrate.results.doctor import DOCTOR_SCHEMA, Report
+from feedrate.workflows import doctor as doctoring
+from feedrate.workflows.tune import tune
 
 from pipelines import (
     ArrayRecordsDataset,
@@ -65,7 +68,7 @@ def test_shared_rng_found_by_comparing_draws(kind: str) -> None:
 
 def test_shared_rng_reseeded_per_worker_is_not_flagged() -> None:
     loader = DataLoader(SharedRngDataset(), num_workers=2, worker_init_fn=reseed_worker)
-    views = experiments.inspect_workers(loader)
+    views = inspect_workers(loader)
     assert [v.worker_id for v in views] == [0, 1]
     draws = [v.draws["rng"][1] for v in views]
     assert draws[0] != draws[1]
@@ -135,7 +138,7 @@ def test_the_same_records_in_arrays_do_not() -> None:
 
 def test_sample_run_reads_worker_memory_and_the_first_batch() -> None:
     # An epoch far longer than the 0.5 s sampled, so the workers live long enough to be read.
-    run = sampling.sample_run(DataLoader(TinyDataset(1 << 17), batch_size=16), seconds=0.5)
+    run = sample_run(DataLoader(TinyDataset(1 << 17), batch_size=16), seconds=0.5)
     assert len(run.workers) == 2 and run.batches >= 2
     assert all(w.uss_early > 0 and w.uss_late > 0 and w.os_threads >= 1 for w in run.workers)
     assert run.tensors_per_batch == 1 and run.batch_bytes == 16 * 8 * 4

@@ -10,10 +10,10 @@ import time
 import pytest
 from torch.utils.data import DataLoader
 
-from feedrate.config import LoaderConfig
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
-from feedrate.failures import IndexReportingDataset, Watchdog, explain
-from feedrate.measuring import measure
+from feedrate.loader.config import LoaderConfig
+from feedrate.measuring.failures import IndexReportingDataset, Watchdog, explain
+from feedrate.measuring.measure import measure
 
 from pipelines import (
     EmptyDataset,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from feedrate.inspect_dataset import (
+from feedrate.measuring.dataset_objects import (
     MAX_NODES,
     digest,
     draw,

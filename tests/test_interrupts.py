@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from feedrate import interrupts
+from feedrate.measuring import interrupts
 
 
 @pytest.fixture(autouse=True)

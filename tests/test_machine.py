@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedrate.machine import (
+from feedrate.machine.facts import (
     MachineFacts,
     cgroup_cpu_quota,
     cgroup_memory_limit,

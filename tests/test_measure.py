@@ -9,10 +9,10 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader
 
-from feedrate.config import LoaderConfig
-from feedrate.consumer import make_consumer
-from feedrate.measuring import measure
-from feedrate.results import MEASURE_SCHEMA, Measurement
+from feedrate.loader.config import LoaderConfig
+from feedrate.measuring.consumer import make_consumer
+from feedrate.measuring.measure import measure
+from feedrate.results.measurement import MEASURE_SCHEMA, Measurement
 
 from pipelines import BusyDataset, ShardedStream, SleepDataset, TinyDataset
 

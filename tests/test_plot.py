@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 
-from feedrate.config import LoaderConfig
 from feedrate.errors import UserError
-from feedrate.findings import Finding
-from feedrate.html import render_html, write_html
-from feedrate.plot import plot_png, png_bytes, series
-from feedrate.results import Spread, Trial, TuneResult
+from feedrate.loader.config import LoaderConfig
+from feedrate.render.html import render_html, write_html
+from feedrate.render.plot import plot_png, png_bytes, series
+from feedrate.results.findings import Finding
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial
+from feedrate.results.tune import TuneResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 MiB = 1024 * 1024

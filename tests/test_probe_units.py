@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from torch.utils.data import DataLoader, Dataset
 
-from feedrate.config import LoaderConfig
-from feedrate.measuring import _sample_counter, count_samples, measure, warmup_batches
-from feedrate.probe import ProbeReport, ProcessFigures, ProcessProbe, shm_used_bytes
+from feedrate.loader.batches import count_samples, sample_counter
+from feedrate.loader.config import LoaderConfig
+from feedrate.measuring.measure import measure, warmup_batches
+from feedrate.measuring.processes import ProcessProbe, shm_used_bytes
+from feedrate.results.processes import ProbeReport, ProcessFigures
 
 # --- doubles -----------------------------------------------------------------------------------
 
@@ -117,12 +119,12 @@ def test_count_list_of_plain_numbers_is_its_length() -> None:
 
 def test_sample_counter_without_automatic_batching_counts_items() -> None:
     loader = DataLoader(list(range(5)), batch_size=None)
-    assert _sample_counter(loader)(torch.zeros(9, 3)) == 1
+    assert sample_counter(loader)(torch.zeros(9, 3)) == 1
 
 
 def test_sample_counter_defaults_to_batch_size() -> None:
     loader = DataLoader(list(range(5)), batch_size=16)
-    counter = _sample_counter(loader)
+    counter = sample_counter(loader)
     assert counter(torch.zeros(9, 3)) == 9
     assert counter(object()) == 16
 

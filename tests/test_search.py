@@ -9,19 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from feedrate.config import LoaderConfig
-from feedrate.results import Spread, Trial
-from feedrate.search import (
-    STALL_MARGIN,
-    Space,
-    beats,
-    bottleneck,
-    choose,
-    covers,
-    predict_over_budget,
-    propose,
-    propose_online,
-)
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial
+from feedrate.search.bottleneck import bottleneck
+from feedrate.search.propose import choose, propose, propose_online
+from feedrate.search.space import STALL_MARGIN, Space, beats, covers, predict_over_budget
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedrate.errors import TargetError, UserError
-from feedrate.target import TargetSpec, load_target, parse_target
+from feedrate.loader.target import TargetSpec, load_target, parse_target
 
 LOADER_HEADER = "from torch.utils.data import DataLoader\n"
 

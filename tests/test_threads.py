@@ -14,10 +14,11 @@ import torch
 from torch.utils.data import DataLoader
 
 import feedrate
-from feedrate import thread_safety
-from feedrate.config import LoaderConfig, config_of, rebuild
 from feedrate.errors import PipelineError, UserError
-from feedrate.fetching import SampleFetchError, Threaded, unthreaded
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import config_of, rebuild
+from feedrate.loader.threaded import SampleFetchError, Threaded, unthreaded
+from feedrate.measuring.thread_safety import check
 
 from pipelines import (
     BatchedReadDataset,
@@ -135,13 +136,13 @@ def test_measure_with_threads_and_no_workers_leaves_no_thread() -> None:
 
 
 def test_check_passes_a_deterministic_thread_safe_dataset() -> None:
-    result = thread_safety.check(SleepDataset(64, sleep_s=0.001), 8)
+    result = check(SleepDataset(64, sleep_s=0.001), 8)
     assert result.ok and result.deterministic and result.compared == 32
     assert "matched" in result.describe()
 
 
 def test_check_finds_a_wrong_answer_on_threads() -> None:
-    result = thread_safety.check(RacyDataset(64), 8)
+    result = check(RacyDataset(64), 8)
     assert not result.ok and result.mismatch is not None
     assert "different when fetched on threads" in result.reason()
 
@@ -151,7 +152,7 @@ def test_check_refuses_an_open_file(tmp_path: Path) -> None:
     path.write_bytes(bytes(range(64)))
     ds = OpenFileDataset(str(path))
     try:
-        result = thread_safety.check(ds, 8)
+        result = check(ds, 8)
     finally:
         ds.handle.close()
     assert not result.ok
@@ -160,18 +161,18 @@ def test_check_refuses_an_open_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["numpy", "random", "torch"])
 def test_check_refuses_a_shared_generator(kind: str) -> None:
-    result = thread_safety.check(SharedRngDataset(kind=kind, nested=True), 8)
+    result = check(SharedRngDataset(kind=kind, nested=True), 8)
     assert not result.ok
     assert "transform.steps[0]['rng'] is a shared random generator" in result.reason()
 
 
 def test_check_does_not_compare_a_random_dataset() -> None:
-    result = thread_safety.check(NoisyDataset(64), 8)
+    result = check(NoisyDataset(64), 8)
     assert result.ok and result.deterministic is False
     assert "not compared" in result.describe()
 
 
 def test_check_sees_through_a_threaded_wrapper() -> None:
     assert unthreaded(feedrate.threaded(RacyDataset(), 4)).__class__ is RacyDataset
-    result: Any = thread_safety.check(feedrate.threaded(RacyDataset(64), 4), 8)
+    result: Any = check(feedrate.threaded(RacyDataset(64), 4), 8)
     assert not result.ok

@@ -14,12 +14,23 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from feedrate import checks_transfer, transfer, tuning
-from feedrate.config import LoaderConfig
+from feedrate.checks import transfer as checks_transfer
 from feedrate.errors import UserError
-from feedrate.measuring import measure
-from feedrate.results import Spread, Trial
-from feedrate.transfer import DeviceStep, SizeFigures
+from feedrate.loader.config import LoaderConfig
+from feedrate.measuring import device as devices
+from feedrate.measuring.device import (
+    DeviceStep,
+    bandwidth,
+    device,
+    parse_device,
+    to_device,
+)
+from feedrate.measuring.measure import measure
+from feedrate.results.spread import Spread
+from feedrate.results.transfer import SizeFigures, TransferResult
+from feedrate.results.trial import Trial
+from feedrate.units import parse_sizes
+from feedrate.workflows.tune import tune
 
 from pipelines import TinyDataset
 
@@ -27,9 +38,7 @@ CUDA = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device here: the GPU path is checked on a machine with one",
 )
-NO_ACCELERATOR = pytest.mark.skipif(
-    transfer.device() is not None, reason="this machine has an accelerator"
-)
+NO_ACCELERATOR = pytest.mark.skipif(device() is not None, reason="this machine has an accelerator")
 CPU = torch.device("cpu")  # stands in for a device: the copies are no-ops, the plumbing is real
 
 
@@ -88,26 +97,26 @@ def test_bandwidth_findings_read_the_batch_size_row() -> None:
 
 
 def test_sizes_and_devices_are_checked() -> None:
-    assert transfer.parse_sizes("64K, 1M,2g,100") == [2**16, 2**20, 2**31, 100]
+    assert parse_sizes("64K, 1M,2g,100") == [2**16, 2**20, 2**31, 100]
     for bad in ("12Q", "0", "99G"):
-        with pytest.raises(UserError, match="--sizes"):
-            transfer.parse_sizes(bad)
-    assert transfer.parse_device("cpu") is None
+        with pytest.raises(UserError, match="sizes"):
+            parse_sizes(bad)
+    assert parse_device("cpu") is None
     with pytest.raises(UserError, match="not a torch device"):
-        transfer.parse_device("gpu0")
+        parse_device("gpu0")
 
 
 @NO_ACCELERATOR
 def test_without_an_accelerator_the_device_is_none_and_cuda_is_refused() -> None:
-    assert transfer.parse_device("auto") is None
+    assert parse_device("auto") is None
     with pytest.raises(UserError, match="no accelerator"):
-        transfer.parse_device("cuda")
+        parse_device("cuda")
 
 
 def test_to_device_keeps_the_batch_structure() -> None:
     Pair = namedtuple("Pair", "x y")
     batch = {"a": [torch.ones(2), (torch.zeros(1), "label")], "b": Pair(torch.ones(1), 3)}
-    moved = transfer.to_device(batch, CPU, non_blocking=False)
+    moved = to_device(batch, CPU, non_blocking=False)
     assert isinstance(moved["b"], Pair) and moved["b"].y == 3
     assert isinstance(moved["a"][1], tuple) and moved["a"][1][1] == "label"
     assert torch.equal(moved["a"][0], torch.ones(2))
@@ -134,8 +143,8 @@ def test_measure_with_a_device_copies_every_batch() -> None:
 
 @pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
 def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer, "parse_device", lambda _name: CPU)
-    r = tuning.tune(
+    monkeypatch.setattr(devices, "parse_device", lambda _name: CPU)
+    r = tune(
         DataLoader(TinyDataset(512), batch_size=8), budget_s=30, trial_seconds=0.3, use_cache=False
     )
     pins = {t.config.pin_memory for t in r.trials if t.measured and t.config == r.best.config}
@@ -160,17 +169,17 @@ def test_transfer_command_says_plainly_it_skips(tmp_path: Path) -> None:
 
 @CUDA
 def test_bandwidth_on_cuda() -> None:
-    dev = transfer.device()
+    dev = device()
     assert dev is not None
-    result = transfer.bandwidth(dev, [2**20, 16 * 2**20], repeats=3)
+    result = bandwidth(dev, [2**20, 16 * 2**20], repeats=3)
     for row in result.sizes:
         assert row.h2d_pinned_gbps > 0 and row.h2d_pageable_gbps > 0 and row.pin_s > 0
-    assert transfer.TransferResult.from_dict(result.to_dict()) == result
+    assert TransferResult.from_dict(result.to_dict()) == result
 
 
 @CUDA
 def test_a_cuda_step_is_timed_on_the_device() -> None:
-    dev = transfer.device()
+    dev = device()
     assert dev is not None
     weight = torch.randn(2048, 2048, device=dev)
 

@@ -11,11 +11,11 @@ import pytest
 from torch.utils.data import DataLoader
 
 import feedrate
-import feedrate.fetching
-from feedrate.config import LoaderConfig
+import feedrate.loader.threaded
 from feedrate.errors import PipelineError, UserError
-from feedrate.results import TUNE_SCHEMA, TuneResult
-from feedrate.tuning import tune
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.tune import TUNE_SCHEMA, TuneResult
+from feedrate.workflows.tune import tune
 
 from pipelines import EmptyDataset, FailingDataset, RacyDataset, SleepDataset, TinyDataset
 
@@ -86,7 +86,7 @@ def test_threads_with_leave_recommend_few_threaded_workers() -> None:
     assert r.best.config.threads == 16 and r.best.config.num_workers <= 8
     assert r.code.startswith("DataLoader(feedrate.threaded(dataset, 16), batch_size=16")
     assert any(f.id == "threads-chosen" for f in r.findings)
-    assert isinstance(r.loader().dataset, feedrate.fetching.Threaded)
+    assert isinstance(r.loader().dataset, feedrate.loader.threaded.Threaded)
 
 
 def test_threads_without_leave_are_measured_and_reported_not_chosen() -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedrate.windows import (
+from feedrate.measuring.windows import (
     MIN_BATCHES_PER_WINDOW,
     EmptyLoaderError,
     Hooks,

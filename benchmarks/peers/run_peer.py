@@ -20,7 +20,7 @@ the child's whole process group is killed, and the group is killed after a norma
 no DataLoader worker is left behind. Any exception from the peer becomes ``ok: false`` with the
 exception as ``reason``.
 
-feedrate itself is not needed: ``benchmarks/pipelines.py`` imports ``feedrate.target.load_target``
+feedrate itself is not needed: ``benchmarks/pipelines.py`` imports ``feedrate.loader.target``
 only to import the example files, and this script puts a minimal stand-in for that one function
 in ``sys.modules`` before importing the pipelines.
 """
@@ -57,7 +57,7 @@ LOG_TAIL_CHARS = 3000
 
 
 def _install_feedrate_shim() -> None:
-    """Put a minimal ``feedrate.target.load_target`` in ``sys.modules``: enough for
+    """Put a minimal ``feedrate.loader.target`` in ``sys.modules``: enough for
     ``benchmarks/pipelines.py``, which only loads ``examples/NAME.py:loader`` with it.
 
     Like feedrate's own, it imports the file under its stem with its folder first on

@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from feedrate.autotuning import AutoLoader, autotune
-    from feedrate.config import LoaderConfig, allow_many_workers, config_of, rebuild
-    from feedrate.doctoring import doctor
+    from feedrate.autotuning.loader import AutoLoader, autotune
     from feedrate.errors import (
         FeedrateError,
         PipelineError,
@@ -32,42 +30,47 @@ if TYPE_CHECKING:
         UserError,
         WorkerKilledError,
     )
-    from feedrate.fetching import SampleFetchError, threaded
-    from feedrate.machine import MachineFacts
-    from feedrate.machine import collect as machine_facts
-    from feedrate.measuring import measure
-    from feedrate.report import Report
-    from feedrate.results import Measurement, Trial, TuneResult
-    from feedrate.target import load_target
-    from feedrate.tuning import tune
+    from feedrate.loader.config import LoaderConfig
+    from feedrate.loader.rebuild import allow_many_workers, config_of, rebuild
+    from feedrate.loader.target import load_target
+    from feedrate.loader.threaded import SampleFetchError, threaded
+    from feedrate.machine.facts import MachineFacts
+    from feedrate.machine.facts import collect as machine_facts
+    from feedrate.measuring.measure import measure
+    from feedrate.results.doctor import Report
+    from feedrate.results.measurement import Measurement
+    from feedrate.results.trial import Trial
+    from feedrate.results.tune import TuneResult
+    from feedrate.workflows.doctor import doctor
+    from feedrate.workflows.tune import tune
 
 # Public name -> (module, name there). The TYPE_CHECKING imports say the same to type checkers;
 # tests/test_api.py holds the two to agreement.
 _LAZY = {
-    "AutoLoader": ("autotuning", "AutoLoader"),
-    "autotune": ("autotuning", "autotune"),
-    "LoaderConfig": ("config", "LoaderConfig"),
-    "allow_many_workers": ("config", "allow_many_workers"),
-    "config_of": ("config", "config_of"),
-    "rebuild": ("config", "rebuild"),
-    "doctor": ("doctoring", "doctor"),
+    "AutoLoader": ("autotuning.loader", "AutoLoader"),
+    "autotune": ("autotuning.loader", "autotune"),
+    "LoaderConfig": ("loader.config", "LoaderConfig"),
+    "allow_many_workers": ("loader.rebuild", "allow_many_workers"),
+    "config_of": ("loader.rebuild", "config_of"),
+    "rebuild": ("loader.rebuild", "rebuild"),
+    "doctor": ("workflows.doctor", "doctor"),
     "FeedrateError": ("errors", "FeedrateError"),
     "PipelineError": ("errors", "PipelineError"),
     "PipelineTimeoutError": ("errors", "PipelineTimeoutError"),
     "TargetError": ("errors", "TargetError"),
     "UserError": ("errors", "UserError"),
     "WorkerKilledError": ("errors", "WorkerKilledError"),
-    "SampleFetchError": ("fetching", "SampleFetchError"),
-    "threaded": ("fetching", "threaded"),
-    "MachineFacts": ("machine", "MachineFacts"),
-    "machine_facts": ("machine", "collect"),
-    "measure": ("measuring", "measure"),
-    "Report": ("report", "Report"),
-    "Measurement": ("results", "Measurement"),
-    "Trial": ("results", "Trial"),
-    "TuneResult": ("results", "TuneResult"),
-    "load_target": ("target", "load_target"),
-    "tune": ("tuning", "tune"),
+    "SampleFetchError": ("loader.threaded", "SampleFetchError"),
+    "threaded": ("loader.threaded", "threaded"),
+    "MachineFacts": ("machine.facts", "MachineFacts"),
+    "machine_facts": ("machine.facts", "collect"),
+    "measure": ("measuring.measure", "measure"),
+    "Report": ("results.doctor", "Report"),
+    "Measurement": ("results.measurement", "Measurement"),
+    "Trial": ("results.trial", "Trial"),
+    "TuneResult": ("results.tune", "TuneResult"),
+    "load_target": ("loader.target", "load_target"),
+    "tune": ("workflows.tune", "tune"),
 }
 
 __all__ = [

@@ -10,9 +10,16 @@ class FeedrateError(Exception):
 
 
 class UserError(FeedrateError):
-    """The user's input is wrong (a bad target, a bad option): exit status 2, no traceback."""
+    """The user's input is wrong (a bad target, a bad argument): exit status 2, no traceback.
+
+    The message speaks the library's language (``budget_s``, ``rate``); ``params`` names the
+    arguments it is about, so the command line can say ``--budget-s`` and ``--rate`` instead."""
 
     exit_code = 2
+
+    def __init__(self, message: str, *, params: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.params = params
 
 
 class TargetError(UserError):

@@ -1,0 +1,133 @@
+"""The lanes of ``autotune``: the epoch's index stream handed from one DataLoader (one per
+configuration) to the next, so every batch of the epoch is yielded exactly once, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from feedrate.loader import threaded as fetching
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import (
+    quiet_worker_count_warning,
+    rebuild,
+)
+from feedrate.measuring.failures import stop_workers
+
+
+class Stream:
+    """The epoch's index batches, drawn from the user's batch sampler as lanes ask for them
+    (never the whole epoch at once: an epoch of a million samples would be a million Python
+    ints held, and made before the first batch). Batches a lane took but never used (its
+    workers failed to start) are put back, to be handed out first."""
+
+    def __init__(self, source: Iterator[list[Any]], length: int | None) -> None:
+        self._source = source
+        self._back: list[list[Any]] = []
+        self.length = length  # batches in the epoch, where the batch sampler knows
+        self.taken = 0
+
+    def take(self) -> list[Any] | None:
+        if self._back:
+            batch = self._back.pop()
+        else:
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                return None
+        self.taken += 1
+        return batch
+
+    def put_back(self, batches: list[list[Any]]) -> None:
+        self._back.extend(reversed(batches))
+        self.taken -= len(batches)
+
+    def left(self) -> bool:
+        """Whether batches may remain (unknown length: assume so)."""
+        return bool(self._back) or self.length is None or self.taken < self.length
+
+
+class Feed(Sampler[list[Any]]):
+    """The batch sampler of a lane: it takes index batches from the epoch's stream as
+    DataLoader asks, until frozen. While ``kept`` is a list it records what it took, so a lane
+    that fails to start can put it back."""
+
+    def __init__(self) -> None:
+        self.stream: Stream | None = None
+        self.frozen = False
+        self.kept: list[list[Any]] | None = None
+
+    def set(self, stream: Stream) -> None:
+        self.stream, self.frozen = stream, False
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        while not self.frozen and self.stream is not None:
+            batch = self.stream.take()
+            if batch is None:
+                return
+            if self.kept is not None:
+                self.kept.append(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        stream = self.stream
+        if stream is None or self.frozen:
+            return 0
+        if stream.length is None:
+            return 1 << 30  # unknown: as long as the user's sampler goes on
+        return max(0, stream.length - stream.taken)
+
+
+class Lane:
+    """One configuration's DataLoader (persistent workers, reused across epochs) and feed."""
+
+    def __init__(
+        self, user: DataLoader[Any], config: LoaderConfig, split: bool, seed: int | None
+    ) -> None:
+        self.config = config
+        self.feed = Feed() if split else None
+        persistent = replace(config, persistent_workers=config.num_workers > 0)
+        self.loader = rebuild(user, persistent, batch_sampler=self.feed)
+        if seed is not None:
+            # Worker seeds from the epoch's own draw; the user's generator is left alone.
+            self.loader.generator = torch.Generator().manual_seed(seed)
+        self.it: Any = None
+
+    def start(self, stream: Stream | None) -> None:
+        """Start iterating; with a stream, on its next batches. Should the workers fail to
+        start, the batches this lane took go back to the stream."""
+        if self.feed is None or stream is None:
+            with quiet_worker_count_warning():
+                self.it = iter(self.loader)
+            return
+        self.feed.set(stream)
+        self.feed.kept = []
+        try:
+            with quiet_worker_count_warning():
+                self.it = iter(self.loader)
+        except BaseException:
+            self.feed.frozen = True
+            stream.put_back(self.feed.kept)
+            raise
+        finally:
+            self.feed.kept = None
+
+    def freeze(self) -> None:
+        """Take no more batches from the stream (those taken are still yielded)."""
+        assert self.feed is not None
+        self.feed.frozen = True
+
+    def thaw(self) -> None:
+        assert self.feed is not None
+        self.feed.frozen = False
+
+    def close(self) -> None:
+        if self.it is not None:
+            stop_workers(self.it)
+            self.it = None
+        fetching.close(self.loader.dataset)

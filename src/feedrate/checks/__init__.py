@@ -1,0 +1,1 @@
+"""Diagnosis rules: one module per family, each rule a pure function returning a Finding or None."""

@@ -1,0 +1,203 @@
+"""Diagnosis rules about what the dataset holds and what its workers see: copies of Python
+objects growing in every worker, an IterableDataset repeating itself in every worker, random
+generators shared by all workers, threads oversubscribing the CPUs.
+
+Pure functions over the evidence the experiments gathered (``experiments``, ``inspect_dataset``),
+each tested with synthetic evidence. ``workers`` is the worker count being judged: the user's,
+or feedrate's suggestion when the user has none (a trap without workers is latent, so it is a
+warning, not an error).
+"""
+
+from __future__ import annotations
+
+from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
+from feedrate.results.findings import Finding
+from feedrate.units import size
+
+MiB = 2**20
+#: Mean worker USS growth over the run that, with large Python containers, is copy-on-read:
+#: ``GROWTH_SHARE`` of the containers' size, but at least ``GROWTH_FLOOR`` (above the noise of
+#: a worker's own allocations) and at most ``GROWTH_ENOUGH`` (plenty, whatever they hold).
+GROWTH_FLOOR = 4 * MiB
+GROWTH_ENOUGH = 16 * MiB
+GROWTH_SHARE = 0.25
+#: Items each worker must yield for a duplicate verdict, and the share that must be shared.
+DUPLICATE_MIN_ITEMS = 4
+DUPLICATE_SHARE = 0.5
+#: Compute threads (all workers) per usable CPU from which workers oversubscribe the CPUs.
+OVERSUBSCRIBED = 2.0
+
+
+def _attr(path: str) -> str:
+    return f"self.{path}"
+
+
+def copy_on_read_finding(containers: list[Container], run: SampleRun | None) -> Finding | None:
+    """Worker memory grew while the dataset holds large containers of Python objects."""
+    if not containers or run is None or not run.workers:
+        return None
+    growth = sum(w.growth for w in run.workers) / len(run.workers)
+    total = sum(c.bytes for c in containers)
+    if growth < max(GROWTH_FLOOR, min(GROWTH_ENOUGH, GROWTH_SHARE * total)):
+        return None
+    per_worker = ", ".join(
+        f"worker {w.worker_id} {size(w.uss_early)} → {size(w.uss_late)}" for w in run.workers
+    )
+    frac = run.epoch_fraction
+    span = f"{frac:.0%} of an epoch" if frac is not None else f"{run.memory_seconds:.1f} s"
+    held = "; ".join(
+        f"{_attr(c.path)}: {c.type_name} of {c.items:,} {c.item_type} "
+        f"(~{c.objects:,} objects, ~{size(c.bytes)})"
+        for c in containers[:3]
+    )
+    first = containers[0].path
+    return Finding(
+        "copy-on-read",
+        "warning",
+        f"worker memory (USS) grows while reading the dataset: {per_worker} over {span}; the "
+        f"dataset holds {held}. Reading a Python object writes its reference count, so every "
+        f"worker copies the pages of the objects it touches, up to ~{size(total)} per worker",
+        f"hold the data in arrays, not Python objects: {_attr(first)} = np.array(...) (numbers, "
+        "fixed-width strings), an Arrow table, or the records pickled into one np.uint8 buffer "
+        "plus an offsets array",
+    )
+
+
+def stream_splits(digests: StreamDigests) -> bool:
+    """Two workers of an IterableDataset each yielded enough distinct items, mostly different
+    ones: the stream is split between workers, so running it in workers is safe."""
+    yielded = [set(items) for _, items in sorted(digests.per_worker.items()) if items]
+    if len(yielded) < 2 or min(len(a) for a in yielded[:2]) < DUPLICATE_MIN_ITEMS:
+        return False  # too little to tell
+    a, b = yielded[:2]
+    return len(a & b) / min(len(a), len(b)) < DUPLICATE_SHARE
+
+
+def duplicates_finding(digests: StreamDigests, workers: int) -> Finding | None:
+    """Two workers of an IterableDataset yielded mostly the same items (by content)."""
+    yielded = [(wid, items) for wid, items in sorted(digests.per_worker.items()) if items]
+    if len(yielded) < 2:
+        return None
+    (wa, a), (wb, b) = yielded[:2]
+    sa, sb = set(a), set(b)
+    fewest = min(len(sa), len(sb))
+    if fewest < DUPLICATE_MIN_ITEMS:
+        return None  # too few distinct items to tell a repeated stream from repeated values
+    shared = len(sa & sb)
+    if shared / fewest < DUPLICATE_SHARE:
+        return None
+    now = workers >= 2
+    effect = (
+        f"with num_workers={workers} every sample arrives up to {workers} times per epoch"
+        if now
+        else "with 2 or more workers every sample would arrive once per worker"
+    )
+    return Finding(
+        "iterable-duplicates",
+        "error" if now else "warning",
+        f"worker {wa} and worker {wb} yielded the same samples: {shared} of the {fewest} "
+        f"distinct items of the first {len(a)} and {len(b)} are identical (content hash); the "
+        f"IterableDataset does not split its stream by get_worker_info(), so {effect}",
+        "in __iter__: info = torch.utils.data.get_worker_info(); yield only the items i with "
+        "i % info.num_workers == info.id (or give each worker its own files or shards)",
+    )
+
+
+_RESEED = {
+    "numpy.random.Generator": "np.random.default_rng(torch.initial_seed())",
+    "numpy.random.RandomState": "np.random.RandomState(torch.initial_seed() % 2**32)",
+    "random.Random": "random.Random(torch.initial_seed())",
+    "torch.Generator": "torch.Generator().manual_seed(torch.initial_seed())",
+}
+
+
+def shared_generators(views: list[WorkerView]) -> list[tuple[str, str, str]]:
+    """(path, kind, draw) of each generator every worker drew the same value from."""
+    if len(views) < 2:
+        return []
+    shared = []
+    for path, (kind, value) in views[0].draws.items():
+        same = all(v.draws.get(path, (kind, None))[1] == value for v in views[1:])
+        if value is not None and same:
+            shared.append((path, kind, value))
+    return shared
+
+
+def shared_rng_finding(views: list[WorkerView], workers: int) -> Finding | None:
+    """The dataset's own random generators give every worker the same draws."""
+    shared = shared_generators(views)
+    if not shared:
+        return None
+    named = ", ".join(f"{_attr(p)} ({kind})" for p, kind, _ in shared)
+    ids = " and ".join(str(v.worker_id) for v in views)
+    now = workers >= 2
+    effect = (
+        f"so all {workers} workers produce the same 'random' augmentations"
+        if now
+        else "so with 2 or more workers every worker would produce the same 'random' "
+        "augmentations (and without persistent_workers each epoch repeats the last)"
+    )
+    reseed = "; ".join(f"ds.{p} = {_RESEED[kind]}" for p, kind, _ in shared)
+    return Finding(
+        "shared-rng",
+        "error" if now else "warning",
+        f"the dataset holds its own random generator {named}, created before the workers "
+        f"start: workers {ids} each drew {shared[0][2]} from it right after worker_init_fn, "
+        f"{effect}",
+        "seed it per worker: def worker_init_fn(worker_id): "
+        f"ds = torch.utils.data.get_worker_info().dataset; {reseed}  "
+        "(DataLoader(..., worker_init_fn=worker_init_fn); or call this from yours)",
+    )
+
+
+def _env_threads(env: dict[str, str]) -> tuple[int, str | None]:
+    best, name = 0, None
+    for key, value in env.items():
+        try:
+            n = int(value)
+        except ValueError:
+            continue
+        if n > best:
+            best, name = n, key
+    return best, name
+
+
+def worker_threads(view: WorkerView) -> tuple[int, list[str]]:
+    """Compute threads one worker may run at once, and where that number comes from."""
+    sources = [(view.torch_threads, f"torch {view.torch_threads}")]
+    if view.cv2_threads is not None:
+        sources.append((view.cv2_threads, f"OpenCV {view.cv2_threads}"))
+    env_n, env_name = _env_threads(view.env)
+    if env_name:
+        sources.append((env_n, f"{env_name}={env_n}"))
+    most = max(n for n, _ in sources)
+    return most, [text for n, text in sources if n > 1]
+
+
+def thread_finding(
+    views: list[WorkerView], run: SampleRun | None, workers: int, cpus: int
+) -> Finding | None:
+    """Threads per worker × workers well above the usable CPUs."""
+    if not views or workers == 0:
+        return None
+    per_worker, sources = max((worker_threads(v) for v in views), key=lambda x: x[0])
+    total = per_worker * workers
+    if per_worker < 2 or total < OVERSUBSCRIBED * cpus:
+        return None
+    running = ""
+    if run is not None and run.workers:
+        most = max(w.os_threads for w in run.workers)
+        running = f"; worker processes ran up to {most} OS threads each while loading"
+    fixes = ["torch.set_num_threads(1)"]
+    if any(s.startswith("OpenCV") for s in sources):
+        fixes.append("cv2.setNumThreads(1)")
+    env = [s.split("=")[0] for s in sources if "=" in s]
+    return Finding(
+        "thread-oversubscription",
+        "warning",
+        f"each worker may run {per_worker} compute threads ({', '.join(sources)}, read in "
+        f"the workers after worker_init_fn): {workers} workers × {per_worker} = {total} "
+        f"threads on {cpus} usable CPUs{running}; they preempt one another and the main process",
+        f"in worker_init_fn: {'; '.join(fixes)}"
+        + (f"; and set {', '.join(env)}=1 (or unset them)" if env else ""),
+    )

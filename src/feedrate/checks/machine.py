@@ -1,0 +1,135 @@
+"""Rules about the machine's resources against the settings: pinned memory without an accelerator
+or unused, the CPU quota, /dev/shm and the open-file limit. Pure functions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.findings import Finding
+from feedrate.results.trial import Trial
+from feedrate.search.space import (
+    FDS_BASE,
+    FDS_PER_BATCH,
+    FDS_PER_WORKER,
+    SHM_HEADROOM,
+)
+from feedrate.units import size
+
+
+def pin_memory_finding(baseline: Trial, machine: dict[str, Any]) -> Finding | None:
+    if machine.get("accelerator", "none") != "none" or not baseline.config.pin_memory:
+        return None
+    return Finding(
+        "pin-memory-no-accelerator",
+        "warning",
+        "pin_memory=True but this machine has no accelerator: pinning only speeds copies to a "
+        "GPU, here it costs main-process CPU and locked memory for nothing",
+        "DataLoader(..., pin_memory=False)",
+    )
+
+
+def cpu_quota_finding(machine: dict[str, Any]) -> Finding | None:
+    quota, count = machine.get("cpu_quota"), machine.get("cpu_count")
+    if quota is None or count is None or quota >= count:
+        return None
+    return Finding(
+        "cpu-quota",
+        "warning",
+        f"the container may use {quota:g} CPUs but os.cpu_count() says {count}: rules based on "
+        "the CPU count start too many workers",
+        f"size workers from the quota: num_workers ≈ {machine.get('cpus_usable')}",
+    )
+
+
+MiB = 2**20
+
+
+#: pin_memory matters for batches of at least this many bytes (smaller copies are cheap).
+PIN_BYTES = MiB
+
+
+#: Open files in use above this share of the soft limit are a warning (at 100%, an error).
+FD_WARN_SHARE = 0.8
+
+
+def pin_memory_unused_finding(
+    config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None
+) -> Finding | None:
+    """An accelerator is present and pin_memory is off. The copy cost is not measured yet, so
+    this is a warning only for batches large enough for the copy to matter."""
+    accel = machine.get("accelerator", "none")
+    if accel == "none" or config.pin_memory:
+        return None
+    name = machine.get("accelerator_name")
+    device = f"{accel} × {machine.get('accelerator_count', 1)}" + (f" ({name})" if name else "")
+    each = f"each {size(batch_bytes)} batch is" if batch_bytes else "batches are"
+    big = batch_bytes is not None and batch_bytes >= PIN_BYTES
+    return Finding(
+        "pin-memory-unused",
+        "warning" if big else "info",
+        f"an accelerator is present ({device}) and pin_memory is off: {each} copied from "
+        "pageable memory, which is slower and cannot overlap compute (non_blocking copies need "
+        "pinned memory); feedrate does not measure the copy cost yet",
+        "DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True)",
+    )
+
+
+def shm_finding(
+    config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None, suggested: bool = False
+) -> Finding | None:
+    """/dev/shm smaller than the batches in flight (num_workers × prefetch_factor of them) need:
+    an error when they do not fit at all (workers die of SIGBUS), a warning when they fit without
+    ``SHM_HEADROOM``. ``suggested``: ``config`` is feedrate's suggestion, not the user's."""
+    free = machine.get("shm_free_bytes")
+    if free is None or not batch_bytes or config.num_workers == 0:
+        return None
+    inflight = config.queue_depth
+    need = batch_bytes * inflight
+    if need * SHM_HEADROOM <= free:
+        return None
+    whose = "the suggested" if suggested else "your"
+    total = machine.get("shm_total_bytes")
+    size_of = f" (of {size(total)})" if total else ""
+    fits = max(0, int(free / (batch_bytes * SHM_HEADROOM)))
+    gib = max(1, math.ceil(need * SHM_HEADROOM / 2**30))
+    return Finding(
+        "shm-too-small",
+        "error" if need > free else "warning",
+        f"/dev/shm has {size(free)} free{size_of} but {whose} {config.num_workers} workers × "
+        f"prefetch_factor {config.prefetch_factor} keep {inflight} batches of "
+        f"{size(batch_bytes)} in flight ({size(need)}, {size(need * SHM_HEADROOM)} with "
+        "headroom): workers "
+        + ("will die of a bus error (SIGBUS)" if need > free else "risk a bus error (SIGBUS)"),
+        f"docker run --shm-size={gib}g (or --ipc=host; on Kubernetes an emptyDir with medium: "
+        f"Memory at /dev/shm), or keep num_workers × prefetch_factor ≤ {fits}",
+    )
+
+
+def fd_limit_finding(
+    config: LoaderConfig, machine: dict[str, Any], tensors_per_batch: int | None
+) -> Finding | None:
+    """The open-file soft limit against what the file_descriptor sharing strategy keeps open:
+    a few files per worker and one per tensor of every batch in flight."""
+    soft = machine.get("open_files_soft")
+    if machine.get("sharing_strategy") != "file_descriptor" or soft is None:
+        return None
+    if config.num_workers == 0:
+        return None
+    per_batch = tensors_per_batch or FDS_PER_BATCH
+    pf = config.prefetch_factor or 0
+    need = FDS_BASE + config.num_workers * (FDS_PER_WORKER + pf * per_batch)
+    if need <= soft * FD_WARN_SHARE:
+        return None
+    return Finding(
+        "fd-limit",
+        "error" if need > soft else "warning",
+        f"the open-file limit is {soft} (ulimit -n) and the file_descriptor sharing strategy "
+        f"keeps about {need} files open at {config.label()} ({config.num_workers} workers, "
+        f"{config.queue_depth} batches of {per_batch} tensors in flight): "
+        + ("expect 'Too many open files'" if need > soft else "close to 'Too many open files'"),
+        f"ulimit -n {max(4096, 2 ** math.ceil(math.log2(need * 2)))}, or "
+        'torch.multiprocessing.set_sharing_strategy("file_system")',
+    )

@@ -1,0 +1,142 @@
+"""Deciding the host-to-device leg from measured figures: whether pinning pays, how much memory
+it locks, and the copy line for the training loop. Pure functions over ``transfer`` figures and
+trials, so each rule is tested with synthetic measurements on a machine without an accelerator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.findings import Finding
+from feedrate.results.transfer import SizeFigures
+from feedrate.results.trial import Trial
+from feedrate.search.space import beats
+from feedrate.units import size
+
+#: Pinned (page-locked) memory in flight above this share of the machine's memory is a warning:
+#: the OS cannot swap or reclaim it, and other processes (and the next job) lose it.
+PINNED_SHARE = 0.1
+#: A pinned copy must save more than this share of a pageable copy to be called faster.
+PIN_GAIN = 0.1
+
+
+def pinned_in_flight(config: LoaderConfig, batch_bytes: int | None) -> int | None:
+    """Bytes of pinned memory DataLoader holds with ``pin_memory=True``: the batches the workers
+    have ready (the pin thread pins each as it arrives) and the one the loop holds."""
+    if batch_bytes is None or not config.pin_memory:
+        return None
+    return batch_bytes * (config.queue_depth + 1)
+
+
+def pinned_budget(machine: dict[str, Any]) -> int | None:
+    total = machine.get("memory_limit_bytes") or machine.get("memory_total_bytes")
+    return int(total * PINNED_SHARE) if total else None
+
+
+def pinned_over_budget(
+    config: LoaderConfig, batch_bytes: int | None, machine: dict[str, Any]
+) -> str | None:
+    """Why a pinned configuration is not tried (its pinned memory in flight is over budget)."""
+    need, budget = pinned_in_flight(config, batch_bytes), pinned_budget(machine)
+    if need is None or budget is None or need <= budget:
+        return None
+    return (
+        f"predicted pinned memory in flight {size(need)} (batch × {config.queue_depth + 1}) is "
+        f"over the pinned budget {size(budget)} ({PINNED_SHARE:.0%} of memory)"
+    )
+
+
+def pinned_finding(config: LoaderConfig, trial: Trial, machine: dict[str, Any]) -> Finding | None:
+    """With pin_memory on: how much memory it locks, a warning above the budget."""
+    need = pinned_in_flight(config, trial.batch_bytes)
+    if need is None or trial.batch_bytes is None:
+        return None
+    budget = pinned_budget(machine)
+    over = budget is not None and need > budget
+    fewer = max(1, (config.prefetch_factor or 2) // 2)
+    return Finding(
+        "pinned-memory",
+        "warning" if over else "info",
+        f"pin_memory=True locks about {size(need)} of RAM in flight ({size(trial.batch_bytes)} "
+        f"batches × {config.queue_depth + 1})"
+        + (f", over {PINNED_SHARE:.0%} of this machine's memory" if over else ""),
+        f"DataLoader(..., prefetch_factor={fewer})" if over else "none needed",
+    )
+
+
+def pin_pays(pageable: Trial, pinned: Trial) -> tuple[bool, str]:
+    """From two end-to-end trials (the loop copies each batch to the device) that differ only
+    in pin_memory: whether pinning is worth its locked memory, and why."""
+    if not (pageable.measured and pinned.measured):
+        return False, "pin_memory was not measured both ways"
+    copy = ""
+    if pageable.copy_s_per_batch and pinned.copy_s_per_batch:
+        copy = (
+            f" (copy {pageable.copy_s_per_batch * 1e3:.2f} → "
+            f"{pinned.copy_s_per_batch * 1e3:.2f} ms per batch)"
+        )
+    if beats(pinned, pageable):
+        gain = pinned.median / pageable.median - 1
+        return True, f"pinned memory and non_blocking copies are {gain:.0%} faster end to end{copy}"
+    return False, f"pinning did not speed the loop beyond the noise{copy}: it only locks RAM"
+
+
+def copy_line(device: str, pin: bool) -> str:
+    """The line for the training loop (non_blocking only helps from pinned memory)."""
+    kind = device.split(":")[0]
+    return f'batch = batch.to("{kind}", non_blocking={pin})'
+
+
+def nearest(sizes: list[SizeFigures], nbytes: int) -> SizeFigures | None:
+    """The measured size closest to ``nbytes`` on a log scale."""
+    if not sizes:
+        return None
+    return min(sizes, key=lambda s: abs(math.log(max(1, s.bytes)) - math.log(max(1, nbytes))))
+
+
+def bandwidth_findings(sizes: list[SizeFigures], batch_bytes: int | None = None) -> list[Finding]:
+    """What ``feedrate transfer`` figures mean: at the batch's size (or the largest measured),
+    how much faster pinned copies are, and whether pinning each batch anew costs more than
+    copying into a pinned buffer kept between batches."""
+    row = nearest(sizes, batch_bytes) if batch_bytes else max(sizes, key=lambda s: s.bytes)
+    if row is None:
+        return []
+    out = []
+    at = f"at {size(row.bytes)}"
+    gain = row.h2d_pinned_gbps / row.h2d_pageable_gbps - 1 if row.h2d_pageable_gbps > 0 else 0.0
+    if gain > PIN_GAIN:
+        out.append(
+            Finding(
+                "pinned-copies-faster",
+                "info",
+                f"{at}, host-to-device copies run at {row.h2d_pinned_gbps:.1f} GB/s from pinned "
+                f"memory against {row.h2d_pageable_gbps:.1f} GB/s from pageable ({gain:.0%} "
+                "faster), and only pinned copies can be non_blocking",
+                "DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True)",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                "pinned-copies-no-faster",
+                "info",
+                f"{at}, pinned copies ({row.h2d_pinned_gbps:.1f} GB/s) are not clearly faster "
+                f"than pageable ones ({row.h2d_pageable_gbps:.1f} GB/s)",
+                "keep pin_memory=False unless a tune with the device copy says otherwise",
+            )
+        )
+    if row.pin_s > 2 * row.reuse_s and row.pin_s > 1e-4:
+        out.append(
+            Finding(
+                "pinning-costs",
+                "info",
+                f"{at}, pinning a fresh tensor takes {row.pin_s * 1e3:.2f} ms against "
+                f"{row.reuse_s * 1e3:.2f} ms to copy it into a pinned buffer kept between batches: "
+                "DataLoader's pin thread pays the first for every batch, on the main process",
+                "with a CPU-bound main process, reuse a pinned buffer (buf.copy_(batch); "
+                "buf.to(device, non_blocking=True)) instead of pin_memory=True",
+            )
+        )
+    return out

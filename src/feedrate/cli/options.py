@@ -1,0 +1,59 @@
+"""Options shared by several commands, and the option each library argument is given by."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Library argument → command-line option: a library error about ``budget_s`` is shown to a
+#: command-line user as one about ``--budget-s``.
+OPTION_OF = {
+    "budget_s": "--budget-s",
+    "rate": "--rate",
+    "step_time": "--step-time",
+    "step": "--step",
+    "max_workers": "--max-workers",
+    "memory_limit": "--memory-limit",
+    "device": "--device",
+    "sizes": "--sizes",
+    "batches": "--batches",
+    "seconds": "--seconds",
+    "trial_seconds": "--trial-seconds",
+    "timeout_s": "--timeout",
+    "checks": "--check",
+}
+
+
+def file_option(name: str, dest: str, help_text: str) -> Callable[[F], F]:
+    """An option naming a file to write (--json, --plot, --html)."""
+    return click.option(name, dest, type=click.Path(dir_okay=False, path_type=Path), help=help_text)
+
+
+def device_option(fn: F) -> F:
+    """--device: where the training loop copies batches (measure and tune)."""
+    return click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="Copy each batch to this device in the measured loop (cuda, cuda:1, mps); auto: "
+        "the accelerator torch sees, if any; cpu: no copy.",
+    )(fn)
+
+
+def consumer_options(fn: F) -> F:
+    """--rate, --step-time and --step: what the loader must keep up with (tune and doctor)."""
+    fn = click.option(
+        "--step",
+        "step_spec",
+        metavar="FILE:FUNC",
+        help="A real training step: a callable taking a batch.",
+    )(fn)
+    fn = click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")(fn)
+    return click.option(
+        "--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator)."
+    )(fn)

@@ -1,0 +1,98 @@
+"""What the commands print and write: JSON files, tune's result and live progress, and the
+TARGET loaded as ``python -m`` would find it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from feedrate.errors import UserError
+from feedrate.render.text import plus_minus, rate
+
+out = Console()
+err = Console(stderr=True)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from exc
+    err.print(f"wrote {path}")
+
+
+def show_tune(
+    result: Any, json_path: Path | None, plot_path: Path | None, html_path: Path | None
+) -> None:
+    from feedrate.render import console as render
+
+    out.print(render.tune_result(result))
+    if json_path is not None:
+        write_json(json_path, result.to_dict())
+    if plot_path is not None:
+        from feedrate.render.plot import plot_png
+
+        err.print(f"wrote {plot_png(result, plot_path)}")
+    if html_path is not None:
+        from feedrate.render.html import write_html
+
+        write_html(result, html_path)
+        err.print(f"wrote {html_path}")
+
+
+class TuneProgress:
+    """Live progress on stderr: the trial running, the budget left, a line per finished trial."""
+
+    def __init__(self, budget_s: float) -> None:
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+        self.budget_s = budget_s
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[left]}"),
+            console=err,
+            transient=True,
+        )
+        self.task = self.bar.add_task("loading", total=budget_s, left="")
+
+    def __enter__(self) -> TuneProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.__exit__(*exc)
+
+    def update(self, event: Any) -> None:
+        left = f"{max(0.0, event.budget_s - event.elapsed_s):.0f} s of budget left"
+        self.bar.update(
+            self.task,
+            completed=min(event.elapsed_s, self.budget_s),
+            left=left,
+            description=f"trial {event.index + 1}: {event.config.label()}",
+        )
+        t = event.trial
+        if t is None:
+            return
+        if t.skipped or t.error:
+            what = f"skipped: {t.skipped}" if t.skipped else f"failed: {t.error}"
+        else:
+            what = f"{rate(t.median)} samples/s {plus_minus(t.noise)}"
+        self.bar.console.print(
+            f"  {t.config.label():24s} {what}  [dim]({t.reason})[/dim]", highlight=False
+        )
+
+
+def load(target: str) -> Any:
+    from feedrate.loader.target import load_target
+
+    # As `python -m` does: a package.module target is looked up from the current directory too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return load_target(target)

@@ -1,0 +1,107 @@
+"""What a loader's batches and epochs hold: samples per batch, bytes and tensors per batch, batches
+and samples per epoch, and the threads per worker worth trying.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from feedrate.loader.rebuild import (
+    is_iterable_style,
+)
+
+
+def count_samples(batch: Any, default: int = 1) -> int:
+    """Samples in a collated batch: the leading dimension of its first tensor or array (looking
+    into sequences and mappings), else the length of a sequence of plain items, else ``default``.
+
+    A list whose items are samples rather than collated fields (an identity ``collate_fn``) is
+    counted by its length: default_collate never emits tuples or 0-d tensors as fields, so a head
+    that is either marks a list of samples; so does a list exactly ``default`` long."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) > 0 else default
+    if isinstance(batch, Mapping):
+        first = next(iter(batch.values()), None)
+        return default if first is None else count_samples(first, default)
+    if isinstance(batch, Sequence) and not isinstance(batch, str | bytes):
+        if not batch:
+            return default
+        head = batch[0]
+        head_shape = getattr(head, "shape", None)
+        if len(batch) == default > 1 or isinstance(head, tuple) or head_shape == ():
+            return len(batch)
+        nested = head_shape is not None or isinstance(head, Mapping | list)
+        return count_samples(head, default) if nested else len(batch)
+    return default
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of tensor and array data in a batch (what crosses shared memory from a worker)."""
+    if hasattr(batch, "element_size") and hasattr(batch, "numel"):
+        return int(batch.element_size() * batch.numel())
+    nbytes = getattr(batch, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(batch, Mapping):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, list | tuple):
+        return sum(batch_nbytes(v) for v in batch)
+    return 0
+
+
+def sample_counter(loader: DataLoader[Any]) -> Callable[[Any], int]:
+    """Without automatic batching every item is one sample; with it, count the batch."""
+    if loader.batch_size is None and loader.batch_sampler is None:
+        return lambda _batch: 1
+    default = loader.batch_size or 1
+    return lambda batch: count_samples(batch, default)
+
+
+def epoch_length(loader: DataLoader[Any]) -> int | None:
+    if is_iterable_style(loader):
+        return None  # its __len__, if any, is only a hint
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def count_tensors(batch: Any) -> int:
+    """Tensors in a batch (each crosses shared memory as its own file under file_descriptor)."""
+    if isinstance(batch, torch.Tensor):
+        return 1
+    if isinstance(batch, dict):
+        return sum(count_tensors(v) for v in batch.values())
+    if isinstance(batch, list | tuple):
+        return sum(count_tensors(v) for v in batch)
+    return 0
+
+
+#: Threads per worker a search tries at most (more only add contention for the GIL).
+MAX_SEARCH_THREADS = 64
+
+
+def thread_cap(loader: DataLoader[Any]) -> int:
+    """Threads per worker worth trying: up to a batch's samples (a worker fetches one batch at
+    a time), at most ``MAX_SEARCH_THREADS``; 1 where DataLoader never calls ``__getitems__``
+    (an IterableDataset, or no automatic batching)."""
+    if is_iterable_style(loader) or loader.batch_sampler is None:
+        return 1
+    size = loader.batch_size or MAX_SEARCH_THREADS
+    return max(1, min(size, MAX_SEARCH_THREADS))
+
+
+def epoch_samples(loader: DataLoader[Any]) -> int | None:
+    """Samples in one epoch, where the sampler knows (with a custom batch sampler DataLoader's
+    own sampler spans the dataset, which is close enough for judging start-up cost)."""
+    if is_iterable_style(loader):
+        return None
+    try:
+        return len(loader.sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None

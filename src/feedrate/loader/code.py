@@ -1,0 +1,28 @@
+"""A user's loader as a paste-able line of code, with the recommended settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, RandomSampler
+
+from feedrate.loader.config import LoaderConfig
+
+
+def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
+    """A ``DataLoader(...)`` line with the loader's batching and the recommended settings."""
+    parts = [f"feedrate.threaded(dataset, {config.threads})" if config.threads > 1 else "dataset"]
+    custom_batches = loader.batch_size is None and loader.batch_sampler is not None
+    if custom_batches:
+        parts.append("batch_sampler=batch_sampler")
+    else:
+        parts.append(f"batch_size={loader.batch_size}")
+        if isinstance(loader.sampler, RandomSampler):
+            parts.append("shuffle=True")
+        if loader.drop_last:
+            parts.append("drop_last=True")
+    for name, value in config.kwargs().items():
+        if name == "pin_memory" and not value:
+            continue
+        parts.append(f"{name}={value!r}")
+    return f"DataLoader({', '.join(parts)})"

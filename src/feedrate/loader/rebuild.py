@@ -1,0 +1,128 @@
+"""Reading a user's DataLoader and rebuilding it with other settings.
+
+``rebuild(loader, config)`` keeps everything that defines *what* the loader yields (dataset,
+batching, sampling, collation, worker seeding, ...) and changes only *how* it is produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.threaded import Threaded, threads_of, unthreaded
+
+#: DataLoader warns when num_workers exceeds the CPU count; feedrate goes there on purpose for
+#: latency-bound pipelines and says so in its own notes instead.
+_WORKER_COUNT_WARNING = r".*DataLoader will create \d+ worker processes in total"
+
+
+@contextlib.contextmanager
+def quiet_worker_count_warning() -> Iterator[None]:
+    """Silence DataLoader's "more workers than CPUs" warning inside the block."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_WORKER_COUNT_WARNING)
+        yield
+
+
+def allow_many_workers(loader: DataLoader[Any]) -> DataLoader[Any]:
+    """``loader``, which no longer warns that it has more workers than DataLoader suggests
+    ("Our suggested max number of worker in current system is …"). That warning is a rule of
+    thumb; a latency-bound pipeline measured faster with more workers than CPUs (as ``tune``
+    reports) can drop it. Only this loader is affected; returns it for chaining."""
+    loader.check_worker_number_rationality = _workers_accepted  # type: ignore[method-assign]
+    return loader
+
+
+def _workers_accepted() -> None:
+    return None
+
+
+_LOADER_PARAMS = frozenset(inspect.signature(DataLoader.__init__).parameters)
+
+
+def supports(parameter: str) -> bool:
+    """Whether this torch's DataLoader takes ``parameter`` (``in_order`` came in torch 2.6)."""
+    return parameter in _LOADER_PARAMS
+
+
+def config_of(loader: DataLoader[Any]) -> LoaderConfig:
+    """The settings a loader was built with."""
+    workers = loader.num_workers
+    return LoaderConfig(
+        num_workers=workers,
+        pin_memory=loader.pin_memory,
+        prefetch_factor=loader.prefetch_factor if workers else None,
+        persistent_workers=loader.persistent_workers if workers else False,
+        in_order=False if getattr(loader, "in_order", True) is False else None,
+        threads=threads_of(loader.dataset),
+    )
+
+
+def is_iterable_style(loader: DataLoader[Any]) -> bool:
+    return isinstance(loader.dataset, IterableDataset)
+
+
+def _batching_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
+    """How the loader turns indices into batches, in the form DataLoader accepts back."""
+    if is_iterable_style(loader):
+        # DataLoader makes its own sampler for an IterableDataset and refuses one passed in.
+        return {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    if loader.batch_size is not None:
+        return {
+            "batch_size": loader.batch_size,
+            "sampler": loader.sampler,
+            "drop_last": loader.drop_last,
+        }
+    if loader.batch_sampler is not None:
+        # A custom batch sampler excludes batch_size, sampler, shuffle and drop_last.
+        return {"batch_sampler": loader.batch_sampler}
+    return {"batch_size": None, "sampler": loader.sampler}
+
+
+def rebuild(
+    loader: DataLoader[Any],
+    config: LoaderConfig,
+    *,
+    dataset: Any | None = None,
+    batch_sampler: Any | None = None,
+) -> DataLoader[Any]:
+    """A new DataLoader yielding what ``loader`` yields, produced with ``config``'s settings.
+
+    Kept from ``loader``: dataset (unless ``dataset`` replaces it), batch_size, sampler or
+    batch_sampler, collate_fn, drop_last, worker_init_fn, generator, timeout,
+    multiprocessing_context, and, where this torch has them, in_order and pin_memory_device.
+    The loader's class is kept too when it accepts DataLoader's arguments. The dataset is
+    wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says. A
+    ``batch_sampler`` given replaces the loader's batching (``autotune`` feeds its own).
+    """
+    data = unthreaded(loader.dataset if dataset is None else dataset)
+    kwargs: dict[str, Any] = {
+        "dataset": Threaded(data, config.threads) if config.threads > 1 else data,
+        **(_batching_kwargs(loader) if batch_sampler is None else {"batch_sampler": batch_sampler}),
+        "collate_fn": loader.collate_fn,
+        "worker_init_fn": loader.worker_init_fn,
+        "generator": loader.generator,
+        "timeout": loader.timeout,
+        **{k: v for k, v in config.kwargs().items() if k in _LOADER_PARAMS},
+    }
+    if config.num_workers > 0:
+        # DataLoader refuses a multiprocessing context without workers.
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    for optional in ("in_order", "pin_memory_device"):
+        if optional in _LOADER_PARAMS and hasattr(loader, optional) and optional not in kwargs:
+            kwargs[optional] = getattr(loader, optional)
+    cls = type(loader)
+    with quiet_worker_count_warning():
+        try:
+            return cls(**kwargs)
+        except TypeError:
+            if cls is DataLoader:
+                raise
+            # A subclass with its own constructor: fall back to a plain DataLoader.
+            return DataLoader(**kwargs)

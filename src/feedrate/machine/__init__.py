@@ -1,0 +1,1 @@
+"""Facts about this machine, and the cache of answers keyed by them."""

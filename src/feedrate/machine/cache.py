@@ -1,0 +1,118 @@
+"""Remembered tuning results, keyed by (machine facts, pipeline fingerprint, batch size, options).
+
+A second ``tune`` of the same pipeline on the same machine answers at once from here. The
+fingerprint covers what decides the right settings: the dataset's class and the source of the
+file that defines it, its length, the batching, sampling and collation; a change to any of them
+tunes again. Files live in ``$FEEDRATE_CACHE_DIR/tune/`` (default ``~/.cache/feedrate/tune``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from feedrate.machine.facts import MachineFacts
+
+#: Machine facts that change the answer; the free memory of the moment does not.
+_MACHINE_KEYS = (
+    "cpus_usable",
+    "cpu_count",
+    "memory_total_bytes",
+    "shm_total_bytes",
+    "start_method",
+    "torch_version",
+    "accelerator",
+    "accelerator_name",
+    "accelerator_count",
+    "python_version",
+)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FEEDRATE_CACHE_DIR")
+    if root:
+        return Path(root) / "tune"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "feedrate" / "tune"
+
+
+def _source_digest(obj: Any) -> str | None:
+    try:
+        path = inspect.getsourcefile(obj if inspect.isclass(obj) else type(obj))
+    except (TypeError, OSError):
+        return None
+    if not path or not os.path.isfile(path):
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def _name(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    kind = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+    return f"{getattr(kind, '__module__', '?')}.{getattr(kind, '__qualname__', '?')}"
+
+
+def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
+    """What identifies a pipeline, as plain data."""
+    dataset = loader.dataset
+    try:
+        length: int | None = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        length = None
+    return {
+        "dataset": _name(dataset),
+        "dataset_source": _source_digest(dataset),
+        "length": length,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "sampler": _name(loader.sampler),
+        "batch_sampler": _name(loader.batch_sampler),
+        "collate_fn": _name(loader.collate_fn),
+        "collate_source": _source_digest(loader.collate_fn)
+        if inspect.isfunction(loader.collate_fn)
+        else None,
+    }
+
+
+def key(facts: MachineFacts, loader: DataLoader[Any], options: dict[str, Any]) -> str:
+    machine = {k: getattr(facts, k) for k in _MACHINE_KEYS}
+    blob = json.dumps(
+        {"machine": machine, "pipeline": fingerprint(loader), "options": options},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def load(cache_key: str, directory: Path | None = None) -> dict[str, Any] | None:
+    """The cached result document, or None (missing or unreadable: a cache never fails a run)."""
+    path = (directory or cache_dir()) / f"{cache_key}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def save(cache_key: str, document: dict[str, Any], directory: Path | None = None) -> Path | None:
+    """Write atomically; returns the path, or None when the cache directory is not writable."""
+    folder = directory or cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=2)
+        final = folder / f"{cache_key}.json"
+        os.replace(tmp, final)
+    except OSError:
+        return None
+    return final

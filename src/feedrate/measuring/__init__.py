@@ -1,0 +1,1 @@
+"""Running a loader and measuring it: windows, process probes, failures, experiments."""

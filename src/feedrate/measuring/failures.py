@@ -1,0 +1,322 @@
+"""Turning a pipeline's failures into messages a user can act on, and never leaving workers behind.
+
+* ``IndexReportingDataset`` wraps a map-style dataset so an exception raised while loading a sample
+  carries the sample's index (as an exception note, which survives the trip from a worker);
+* ``Watchdog`` ends a measurement that receives no batch for ``timeout_s``;
+* ``explain`` maps what DataLoader raised (the user's exception, a killed worker) to a
+  ``PipelineError`` naming the cause;
+* ``stop_workers`` ends a DataLoader iterator's workers at once (after an error or Ctrl-C, a
+  graceful shutdown can wait seconds per worker that is stuck in user code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import sysconfig
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from types import FrameType, TracebackType
+from typing import Any
+
+import psutil
+from torch.utils.data import Dataset
+
+from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.loader.forwarding import Forwarding
+
+_NOTE = "feedrate: while loading sample index "
+
+
+def _note(exc: BaseException, where: object) -> None:
+    add_note = getattr(exc, "add_note", None)  # Python >= 3.11
+    if add_note is not None:
+        add_note(f"{_NOTE}{where}")
+
+
+class IndexReportingDataset(Forwarding, Dataset[Any]):
+    """A map-style dataset that behaves exactly like ``inner`` (indexing, ``len``, attribute reads
+    and writes) and notes the failing index on exceptions. Its ``__getitems__`` keeps ``inner``'s
+    own ``__getitems__`` when it has one, else fetches one by one as DataLoader does."""
+
+    def __len__(self) -> int:
+        return len(self._feedrate_inner)
+
+    @property
+    def feedrate_per_index(self) -> bool:
+        """Its ``__getitems__`` only loops over ``__getitem__`` (``inner`` has none of its own),
+        so a threaded fetch may call ``__getitem__`` per index instead."""
+        return getattr(self._feedrate_inner, "__getitems__", None) is None
+
+    def __getitem__(self, index: Any) -> Any:
+        try:
+            return self._feedrate_inner[index]
+        except Exception as exc:
+            _note(exc, index)
+            raise
+
+    def __getitems__(self, indices: Sequence[Any]) -> Any:
+        inner = self._feedrate_inner
+        own = getattr(inner, "__getitems__", None)
+        if own:
+            try:
+                return own(indices)  # as it is: collate_fn may expect what it returns
+            except Exception as exc:
+                _note(exc, f"one of {list(indices)[:8]}")
+                raise
+        out: list[Any] = []
+        index: Any = None
+        try:
+            for index in indices:
+                out.append(inner[index])
+        except Exception as exc:
+            _note(exc, index)
+            raise
+        return out
+
+
+class Watchdog:
+    """Raises ``PipelineTimeoutError`` in the measuring thread when ``kick()`` is not called for
+    ``timeout_s`` seconds. Uses SIGALRM, so it only arms in the main thread of a POSIX process;
+    elsewhere it does nothing (``armed`` is False)."""
+
+    def __init__(self, timeout_s: float | None, describe: Callable[[], str]) -> None:
+        self.timeout_s, self._describe = timeout_s, describe
+        self.armed = False
+        self._previous: Any = None
+        self._last_kick = -float("inf")
+
+    def __enter__(self) -> Watchdog:
+        usable = (
+            hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+        )
+        if self.timeout_s and usable:
+            self._previous = signal.signal(signal.SIGALRM, self._fire)
+            self.armed = True
+            self.kick()
+        return self
+
+    def kick(self) -> None:
+        """A batch arrived. The timer is re-armed at most four times per timeout (a system call
+        per batch costs fast pipelines measurable time), for ``1.25 × timeout_s``: so it fires
+        between ``timeout_s`` and ``1.25 × timeout_s`` after the last batch."""
+        if not (self.armed and self.timeout_s):
+            return
+        now = time.monotonic()
+        if now - self._last_kick < self.timeout_s / 4:
+            return
+        self._last_kick = now
+        signal.setitimer(signal.ITIMER_REAL, self.timeout_s * 1.25)
+
+    def __exit__(self, *exc: object) -> None:
+        self.disarm()
+
+    def disarm(self) -> None:
+        """Stop watching (e.g. before a shutdown that may legitimately take a while)."""
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+            self.armed = False
+
+    def _fire(self, signum: int, frame: FrameType | None) -> None:
+        raise PipelineTimeoutError(
+            f"no batch arrived within {self.timeout_s:g} s ({self._describe()}): the pipeline "
+            "appears to hang; check for a deadlock or a blocking read in the dataset, or raise "
+            "--timeout if a batch really takes that long"
+        )
+
+
+_SIGNAL_CAUSES = {
+    signal.SIGBUS: "a bus error, usually shared memory (/dev/shm) too small for the batches in "
+    "flight; give the container more (docker run --shm-size=8g, or --ipc=host) or lower "
+    "num_workers × prefetch_factor",
+    signal.SIGKILL: "most likely the out-of-memory killer; lower num_workers or the memory each "
+    "worker holds",
+    signal.SIGSEGV: "a crash in native code inside the worker, often a library that is not "
+    "fork-safe (initialize it in worker_init_fn) or a corrupt input",
+    signal.SIGTERM: "terminated from outside (a job scheduler or a person)",
+}
+
+
+def _worker_deaths(iterator: object) -> list[tuple[int, int | None, int]]:
+    """(worker_id, pid, exit code) of each worker that has exited abnormally."""
+    out = []
+    for worker_id, proc in enumerate(getattr(iterator, "_workers", None) or []):
+        code = getattr(proc, "exitcode", None)
+        if code is not None and code != 0:
+            out.append((worker_id, getattr(proc, "pid", None), code))
+    return out
+
+
+_KILLED_BY = re.compile(r"pid (\d+)\) is killed by signal: ([^.]+)")
+
+
+def _deaths_from_text(text: str) -> list[tuple[int, int | None, int]]:
+    """DataLoader's own words, for when the exit status cannot be read (already reaped)."""
+    found = _KILLED_BY.search(text)
+    if not found:
+        return []
+    by_description = {signal.strsignal(s): s for s in signal.Signals}
+    sig = by_description.get(found.group(2).strip())
+    return [] if sig is None else [(-1, int(found.group(1)), -int(sig))]
+
+
+def _await_deaths(iterator: object, timeout_s: float) -> list[tuple[int, int | None, int]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        deaths = _worker_deaths(iterator)
+        if deaths:
+            return deaths
+        time.sleep(0.02)
+    return []
+
+
+def _killed_message(deaths: list[tuple[int, int | None, int]], fallback: str) -> str:
+    if not deaths:
+        return f"a DataLoader worker died: {fallback}"
+    worker_id, pid, code = deaths[0]
+    who = (
+        f"DataLoader worker {worker_id} (pid {pid})"
+        if worker_id >= 0
+        else f"DataLoader worker (pid {pid})"
+    )
+    if code < 0:
+        sig = signal.Signals(-code)
+        cause = _SIGNAL_CAUSES.get(sig, "see the worker's own output above")
+        what = f"was killed by {sig.name}: {cause}"
+    else:
+        what = f"exited with status {code}"
+    more = f" ({len(deaths) - 1} more workers died too)" if len(deaths) > 1 else ""
+    return f"{who} {what}{more}"
+
+
+_WORKER_DIED = re.compile(r"DataLoader worker \(pid.*(exited unexpectedly|killed by signal)")
+_CAUGHT = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _user_frames_from_text(text: str) -> list[str]:
+    frames = [f"{f}:{line} in {fn}" for f, line, fn in _FRAME.findall(text)]
+    return [f for f in frames if _is_user_file(f.split(":")[0])][-3:]
+
+
+def _user_frames(tb: TracebackType | None) -> list[str]:
+    frames = traceback.extract_tb(tb)
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames if _is_user_file(f.filename)][
+        -3:
+    ]
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _is_user_file(filename: str) -> bool:
+    markers = ("/torch/", "/feedrate/", "<frozen")
+    return not filename.startswith(_STDLIB) and not any(m in filename for m in markers)
+
+
+def _original_line(exc: BaseException) -> str:
+    """The original exception's own message: DataLoader re-raises a worker's exception with the
+    whole worker traceback as its message; the line after it names the exception."""
+    text = str(exc)
+    name = type(exc).__name__
+    lines = [ln for ln in text.splitlines() if ln.startswith(f"{name}:") or ln == name]
+    if lines:
+        return lines[-1]
+    first = text.splitlines()[0] if text else ""
+    return f"{name}: {first}" if first else name
+
+
+def _index(exc: BaseException) -> str | None:
+    notes = [*getattr(exc, "__notes__", []), *str(exc).splitlines()]
+    found = [n[len(_NOTE) :] for n in notes if n.startswith(_NOTE)]
+    return found[-1] if found else None
+
+
+def explain(exc: BaseException, iterator: object) -> PipelineError | None:
+    """A ``PipelineError`` describing ``exc`` raised while iterating, or None when ``exc`` is not
+    a pipeline failure (e.g. a KeyboardInterrupt, or already a feedrate error)."""
+    if isinstance(exc, PipelineError) or not isinstance(exc, Exception):
+        return None
+    text = str(exc)
+    deaths = _worker_deaths(iterator)
+    if not deaths and isinstance(exc, EOFError | ConnectionError):
+        # The pipe broke because a worker is dying; its exit status shows a moment later.
+        deaths = _await_deaths(iterator, timeout_s=2.0)
+    # A worker's death surfaces as DataLoader's RuntimeError, or as whatever broke first in the
+    # main process (a connection reset while receiving the dead worker's tensor).
+    if _WORKER_DIED.search(text) or (deaths and not _CAUGHT.search(text)):
+        deaths = [d for d in deaths if d[2] != -signal.SIGTERM] or deaths or _deaths_from_text(text)
+        return WorkerKilledError(_killed_message(deaths, text.splitlines()[0] if text else ""))
+    caught = _CAUGHT.search(text)
+    where = f" in worker {caught.group(2)}" if caught else " in the main process"
+    frames = _user_frames_from_text(text) if caught else _user_frames(exc.__traceback__)
+    index = _index(exc)
+    at_index = f" at sample index {index}" if index is not None else ""
+    at_frames = f" (at {'; '.join(frames)})" if frames else ""
+    return PipelineError(f"the pipeline raised {_original_line(exc)}{at_index}{where}{at_frames}")
+
+
+def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
+    """End ``iterator``'s worker processes now: terminate, then kill what is left after
+    ``grace_s``, then let DataLoader release its queues and threads."""
+    workers = list(getattr(iterator, "_workers", None) or [])
+    if not workers:
+        return
+    _unwatch(iterator)
+    handles = []
+    for proc in workers:
+        pid = getattr(proc, "pid", None)
+        if pid is None:
+            continue
+        try:
+            handles.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for h in handles:
+        _quietly(h.terminate)
+    _, alive = psutil.wait_procs(handles, timeout=grace_s)
+    for h in alive:
+        _quietly(h.kill)
+    psutil.wait_procs(alive, timeout=grace_s)
+    for proc in workers:
+        with contextlib.suppress(Exception):
+            proc.join(timeout=0.1)
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        _quietly(shutdown)
+
+
+def quiesce(iterator: object, watchdog: Watchdog) -> None:
+    """After a failure: stop the watchdog, and stop DataLoader's SIGCHLD handler from raising
+    about workers already known dead while we clean up. The handler may fire between the two, so
+    its report (which ``explain`` already covers) is swallowed and the step retried."""
+    for _ in range(3):
+        try:
+            watchdog.disarm()
+            _unwatch(iterator)
+            return
+        except RuntimeError as exc:
+            if not _WORKER_DIED.search(str(exc)):
+                raise
+
+
+def _unwatch(iterator: object) -> None:
+    """Stop DataLoader's SIGCHLD handler from reporting workers we end on purpose."""
+    if not getattr(iterator, "_worker_pids_set", False):
+        return
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))  # type: ignore[attr-defined]
+        iterator._worker_pids_set = False  # type: ignore[attr-defined]
+    except Exception:  # internal API: worst case the handler reports a terminated worker
+        pass
+
+
+def _quietly(fn: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        fn()

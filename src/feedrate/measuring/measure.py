@@ -1,0 +1,257 @@
+"""Measure one DataLoader configuration honestly: start-up apart from steady state, warm-up and
+prefetched work discarded, repeated windows for the spread, per-process CPU and memory, /dev/shm.
+
+This module orchestrates; the timing logic is in ``windows``, the process figures in
+``processes``, failure handling in ``failures``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate.errors import PipelineError, UserError
+from feedrate.loader import threaded as fetching
+from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import (
+    config_of,
+    is_iterable_style,
+    quiet_worker_count_warning,
+    rebuild,
+)
+from feedrate.loader.threaded import unthreaded
+from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring import interrupts, windows
+from feedrate.measuring.consumer import Consumer
+from feedrate.measuring.device import DeviceStep, parse_device
+from feedrate.measuring.failures import (
+    IndexReportingDataset,
+    Watchdog,
+    explain,
+    quiesce,
+    stop_workers,
+)
+from feedrate.measuring.processes import ProcessProbe
+from feedrate.results.measurement import Measurement, WindowSummary
+from feedrate.results.processes import ProbeReport
+from feedrate.results.spread import Spread
+
+LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
+
+
+def warmup_batches(config: LoaderConfig) -> int:
+    """Batches to discard at the start of every epoch: one from every worker, plus the queue the
+    workers fill meanwhile, so work prefetched before the window is not credited to it."""
+    norm = config.normalized()
+    return 1 if norm.num_workers == 0 else norm.num_workers + config.queue_depth
+
+
+def measure(
+    source: LoaderSource,
+    config: LoaderConfig | None = None,
+    *,
+    batches: int | None = None,
+    seconds: float | None = None,
+    windows_count: int = 5,
+    timeout_s: float | None = 60.0,
+    clock: windows.Clock = time.perf_counter,
+    machine: MachineFacts | None = None,
+    target: str | None = None,
+    report_index: bool = True,
+    consumer: Consumer | None = None,
+    device: torch.device | str | None = "auto",
+) -> Measurement:
+    """Measure ``source`` (a DataLoader or a zero-argument callable returning one) rebuilt with
+    ``config`` (default: its own settings).
+
+    Measures ``batches`` steady-state batches or ``seconds`` of steady state (default 10 s), in
+    ``windows_count`` windows. With a ``consumer`` each batch is handed to it, as a training loop
+    would, and the result's ``stall_fraction`` is the share of time spent waiting for data.
+    With an accelerator ``device`` ("auto": the one torch sees, if any), each batch is first
+    copied to it (``non_blocking`` when the settings pin memory) and the loop waits for the copy
+    and the step on the device (CUDA events), so ``pin_memory`` is judged end to end;
+    ``transfer`` holds the device times.
+
+    Raises ``PipelineError`` when the pipeline fails (its exception, a killed worker, no batch
+    for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
+    returns or raises, Ctrl-C included.
+    """
+    user_loader = source() if callable(source) and not isinstance(source, DataLoader) else source
+    if not isinstance(user_loader, DataLoader):
+        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(user_loader).__name__}")
+    config = (config or config_of(user_loader)).normalized()
+    plan = _plan(config, batches, seconds, windows_count)
+    dataset = None
+    if report_index and not is_iterable_style(user_loader):
+        dataset = IndexReportingDataset(unthreaded(user_loader.dataset))
+    loader = rebuild(user_loader, config, dataset=dataset)
+    facts = machine or collect()
+    consume: Callable[[Any, int], None] | None = consumer
+    on_device = None
+    dev = parse_device(device) if isinstance(device, str) else device
+    if dev is not None:
+        on_device = DeviceStep(dev, bool(config.pin_memory), consumer)
+        consume = on_device
+    try:
+        with interrupts.stoppable():
+            timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume)
+    finally:
+        fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
+    rate = windows.summarize(timeline.windows)
+    return Measurement(
+        config=config,
+        samples_per_s=rate.samples_per_s,
+        batches_per_s=rate.batches_per_s,
+        spread=Spread.of_rates(rate.windows),
+        startup_s=timeline.startup_s,
+        epoch_restart_s=timeline.epoch_restart_s,
+        window=_summary(timeline),
+        processes=report,
+        machine=facts.to_dict(),
+        batch_size=user_loader.batch_size,
+        target=target,
+        notes=_notes(config, facts, timeline, report),
+        feedrate_version=feedrate.__version__,
+        batch_bytes=nbytes,
+        stall_fraction=None if consume is None else windows.stall_fraction(timeline.windows),
+        consumer=None if consumer is None else consumer.to_dict(),
+        transfer=None if on_device is None else on_device.figures(),
+    )
+
+
+def _plan(
+    config: LoaderConfig, batches: int | None, seconds: float | None, count: int
+) -> windows.WindowPlan:
+    if batches is not None and seconds is not None:
+        raise UserError("give batches or seconds, not both", params=("batches", "seconds"))
+    if batches is not None and batches < count:
+        raise UserError(
+            f"batches must be at least {count} (one per window), got {batches}",
+            params=("batches",),
+        )
+    if seconds is not None and seconds <= 0:
+        raise UserError(f"seconds must be positive, got {seconds:g}", params=("seconds",))
+    return windows.WindowPlan(
+        windows=count,
+        batches=batches,
+        seconds=None if batches is not None else (seconds or 10.0),
+        warmup_batches=warmup_batches(config),
+    )
+
+
+def _run(
+    loader: DataLoader[Any],
+    plan: windows.WindowPlan,
+    clock: windows.Clock,
+    timeout_s: float | None,
+    consumer: Callable[[Any, int], None] | None,
+) -> tuple[windows.Timeline, ProbeReport, int | None]:
+    current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None}
+    counter = sample_counter(loader)
+
+    def count(batch: Any) -> int:
+        if current["nbytes"] is None:
+            current["nbytes"] = batch_nbytes(batch)
+        return counter(batch)
+
+    def make_iter() -> Iterator[Any]:
+        with interrupts.deferred(), quiet_worker_count_warning():
+            it = iter(loader)
+            current["it"] = it  # set before a Ctrl-C held back meanwhile is raised
+        probe.attach(it)
+        return it
+
+    def describe() -> str:
+        return f"after {current['batches']} batches, config {plan_label}"
+
+    def on_batch() -> None:
+        interrupts.check()
+        current["batches"] += 1
+        dog.kick()
+
+    plan_label = config_of(loader).label()
+    with ProcessProbe() as probe, Watchdog(timeout_s, describe) as dog:
+        hooks = windows.Hooks(
+            window_open=lambda: probe.window_open(clock()),
+            window_close=lambda: probe.window_close(clock()),
+            batch=on_batch,
+        )
+        try:
+            timeline = windows.run(
+                make_iter,
+                plan,
+                count,
+                clock=clock,
+                hooks=hooks,
+                epoch_length=epoch_length(loader),
+                consume=consumer,
+            )
+        except windows.EmptyLoaderError as exc:
+            msg = "the loader yielded no batch: its dataset or sampler is empty"
+            raise PipelineError(msg) from exc
+        except BaseException as exc:
+            quiesce(current["it"], dog)
+            error = explain(exc, current["it"])  # before stop_workers, which adds SIGTERMs
+            stop_workers(current["it"])
+            if error is not None:
+                raise error from exc
+            raise
+        finally:
+            dog.disarm()
+            _close(loader, current["it"])
+        return timeline, probe.report(), current["nbytes"]
+
+
+def _close(loader: DataLoader[Any], it: object) -> None:
+    """Shut the workers down now rather than whenever the garbage collector gets to them."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+    persistent = getattr(loader, "_iterator", None)
+    if persistent is not None and persistent is not it:
+        stop_workers(persistent)
+
+
+def _summary(t: windows.Timeline) -> WindowSummary:
+    return WindowSummary(
+        batches=sum(w.batches for w in t.windows),
+        samples=sum(w.samples for w in t.windows),
+        seconds=sum(w.seconds for w in t.windows),
+        epochs=t.epochs,
+        method=t.method,
+        warmup_batches=t.warmup_batches,
+        warmup_s=t.warmup_s,
+    )
+
+
+def _notes(
+    config: LoaderConfig, facts: MachineFacts, t: windows.Timeline, report: ProbeReport
+) -> list[str]:
+    notes = []
+    ours = report.main.cpu_util + sum(w.cpu_util for w in report.workers)
+    ours += report.probe_cpu_s / report.wall_s if report.wall_s > 0 else 0.0
+    if report.system_busy_cpus is not None and report.system_busy_cpus - ours > 0.25:
+        notes.append(
+            f"other processes kept {report.system_busy_cpus - ours:.1f} of the "
+            f"{facts.cpus_usable} CPUs busy during the measurement: rates are lower, and "
+            "vary more, than on a quiet machine"
+        )
+    if config.num_workers > facts.cpus_usable:
+        notes.append(
+            f"num_workers={config.num_workers} is above the {facts.cpus_usable} usable CPUs: "
+            "this pays off only when workers mostly wait (latency-bound pipelines)"
+        )
+    if t.method == "whole-epochs":
+        notes.append(
+            "epochs are short against the warm-up (one batch per worker plus the prefetch "
+            "queue), so after a first epoch whole epochs were timed, each restart included"
+        )
+    if not t.windows:
+        notes.append("no steady-state batch was measured")
+    return notes

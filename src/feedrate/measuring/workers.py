@@ -1,0 +1,175 @@
+"""Experiments inside 2 workers: a look at each worker right after ``worker_init_fn`` (threads,
+environment, random generators, start-up time) and what each yields from an IterableDataset.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from feedrate.errors import PipelineError, PipelineTimeoutError
+from feedrate.loader.forwarding import Forwarding
+from feedrate.loader.rebuild import is_iterable_style, quiet_worker_count_warning
+from feedrate.machine.facts import THREAD_ENV_VARS
+from feedrate.measuring.dataset_objects import digest, draw, generators
+from feedrate.measuring.failures import Watchdog, explain, quiesce, stop_workers
+from feedrate.results.evidence import StreamDigests, WorkerView
+
+#: Workers the experiments use: the fewest that show what differs between workers.
+WORKERS = 2
+
+
+_init_seconds: float | None = None  # set in a worker by _TimedInit
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class _TimedInit:
+    """The user's ``worker_init_fn``, timed (picklable, so spawned workers get it too)."""
+
+    def __init__(self, fn: Callable[[int], object] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        global _init_seconds
+        began = time.perf_counter()
+        if self.fn is not None:
+            self.fn(worker_id)
+        _init_seconds = time.perf_counter() - began
+
+
+def _look(dataset: Any) -> WorkerView:
+    info = get_worker_info()
+    me = psutil.Process()
+    cv2 = sys.modules.get("cv2")  # only when the pipeline imported it
+    draws = {path: (kind, draw(gen)) for path, kind, gen in generators(dataset)}
+    return WorkerView(
+        worker_id=-1 if info is None else info.id,
+        pid=os.getpid(),
+        age_s=max(0.0, time.time() - me.create_time()),
+        init_s=_init_seconds,
+        torch_threads=torch.get_num_threads(),
+        cv2_threads=int(cv2.getNumThreads()) if cv2 is not None else None,
+        env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
+        os_threads=me.num_threads(),
+        draws=draws,
+    )
+
+
+class _Inspect(Forwarding, Dataset[WorkerView]):
+    """Item ``i`` is a look at worker ``i`` (DataLoader hands indices to workers in turn)."""
+
+    def __len__(self) -> int:
+        return int(self._feedrate_count)
+
+    def __getitem__(self, index: int) -> WorkerView:
+        return _look(self._feedrate_inner)
+
+
+class _Tagged(Forwarding, IterableDataset[tuple[int, str]]):
+    """Iterates the user's IterableDataset in a worker; yields (worker id, item digest)."""
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        info = get_worker_info()
+        worker_id = -1 if info is None else info.id
+        for n, item in enumerate(self._feedrate_inner):
+            if n >= self._feedrate_limit:
+                return
+            yield worker_id, digest(item)
+
+
+class Workers:
+    """Iterate a loader with workers: on any failure, explain it (``PipelineError``), end the
+    workers at once; on success, shut them down before returning."""
+
+    def __init__(self, loader: DataLoader[Any], timeout_s: float) -> None:
+        self.loader, self.timeout_s = loader, timeout_s
+        self.it: Any = None
+
+    def __enter__(self) -> Any:
+        with quiet_worker_count_warning():
+            self.it = iter(self.loader)
+        return self.it
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            shutdown = getattr(self.it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            return
+        quiesce(self.it, Watchdog(None, str))
+        if isinstance(exc, RuntimeError) and "timed out after" in str(exc):
+            error: PipelineError | None = PipelineTimeoutError(
+                f"no item arrived within {self.timeout_s:g} s: the pipeline appears to hang "
+                "(a deadlock, a blocking read, or a worker_init_fn that never returns)"
+            )
+        else:
+            error = explain(exc, self.it)
+        stop_workers(self.it)
+        if error is not None:
+            raise error from exc
+
+
+def _loader_like(
+    loader: DataLoader[Any], dataset: Any, timeout_s: float, **kwargs: Any
+) -> DataLoader[Any]:
+    """A DataLoader over ``dataset`` with the user's worker set-up (init function, start method,
+    generator) and 2 workers, one item at a time."""
+    return DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=WORKERS,
+        collate_fn=_identity,
+        worker_init_fn=_TimedInit(loader.worker_init_fn),
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        timeout=timeout_s,
+        **kwargs,
+    )
+
+
+def inspect_workers(loader: DataLoader[Any], *, timeout_s: float = 30.0) -> list[WorkerView]:
+    """A look inside each of 2 workers right after the user's ``worker_init_fn`` (the dataset's
+    own items are not loaded). Raises ``PipelineError`` when the workers fail to start."""
+    probe = _Inspect(loader.dataset, _feedrate_count=WORKERS)
+    views: list[WorkerView] = []
+    with Workers(_loader_like(loader, probe, timeout_s, prefetch_factor=1), timeout_s) as it:
+        for view in it:
+            views.append(view)
+    return sorted(views, key=lambda v: v.worker_id)
+
+
+def stream_digests(
+    loader: DataLoader[Any],
+    *,
+    limit: int = 64,
+    seconds: float = 3.0,
+    timeout_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> StreamDigests:
+    """Iterate the loader's IterableDataset in 2 workers, at most ``limit`` items per worker and
+    about ``seconds`` from the first item (worker start-up is not counted: under spawn it alone
+    can take seconds), and hash every item in its worker."""
+    if not is_iterable_style(loader):
+        raise ValueError("stream_digests needs an IterableDataset")
+    tagged = _Tagged(loader.dataset, _feedrate_limit=limit)
+    per_worker: dict[int, list[str]] = {i: [] for i in range(WORKERS)}
+    began: float | None = None
+    complete = True
+    with Workers(_loader_like(loader, tagged, timeout_s), timeout_s) as it:
+        for worker_id, item_digest in it:
+            began = clock() if began is None else began
+            per_worker.setdefault(worker_id, []).append(item_digest)
+            if clock() - began > seconds:
+                complete = False
+                break
+    return StreamDigests(per_worker, 0.0 if began is None else clock() - began, complete)

@@ -1,0 +1,1 @@
+"""Turning results into console tables, HTML and plots. Never measures."""

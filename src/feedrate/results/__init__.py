@@ -1,0 +1,1 @@
+"""Plain, serializable data: measurements, trials, results, reports, findings, evidence."""

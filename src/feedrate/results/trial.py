@@ -1,0 +1,134 @@
+"""``Trial``: one configuration tried while tuning, with its figures and verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.measurement import Measurement
+from feedrate.results.spread import Spread
+
+
+def _sum_known(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+@dataclass
+class Trial:
+    """One configuration tried while tuning: why, what it measured, and the verdict.
+
+    A trial the search predicted to exceed a budget is recorded with ``skipped`` set and no
+    figures; one whose measurement failed has ``error`` set."""
+
+    config: LoaderConfig
+    reason: str
+    samples_per_s: float = 0.0
+    spread: Spread | None = None
+    startup_s: float = 0.0
+    epoch_restart_s: list[float] = field(default_factory=list)
+    main_cpu: float = 0.0
+    workers_cpu: float = 0.0
+    workers_runq: float | None = None
+    main_uss_bytes: int | None = None
+    workers_uss_bytes: int | None = None
+    worker_uss_max_bytes: int | None = None
+    main_pss_bytes: int | None = None
+    workers_pss_bytes: int | None = None
+    shm_peak_bytes: int | None = None
+    batch_bytes: int | None = None
+    stall_fraction: float | None = None
+    system_busy_cpus: float | None = None
+    #: Device seconds per batch of the copy to the accelerator, where there is one.
+    copy_s_per_batch: float | None = None
+    verdict: str = ""
+    skipped: str | None = None
+    error: str | None = None
+    repeats: int = 1
+
+    def pool(self, again: Trial) -> None:
+        """Fold a repeat measurement of the same config into this trial (windows pooled)."""
+        if self.spread is None or again.spread is None:
+            return
+        self.spread = self.spread.merged(again.spread)
+        self.samples_per_s = (self.samples_per_s + again.samples_per_s) / 2
+        self.repeats += 1
+
+    @property
+    def measured(self) -> bool:
+        return self.skipped is None and self.error is None and self.spread is not None
+
+    @property
+    def median(self) -> float:
+        """The rate compared across trials: the median window, robust to one noisy window."""
+        return self.spread.median if self.spread is not None else 0.0
+
+    @property
+    def noise(self) -> float:
+        """The ± of the rate: ``Spread.rel_se``, its relative standard error over the windows."""
+        return 0.0 if self.spread is None else self.spread.rel_se
+
+    @property
+    def worker_cpu_mean(self) -> float:
+        n = self.config.num_workers
+        return self.workers_cpu / n if n else 0.0
+
+    @property
+    def worker_demand_mean(self) -> float:
+        """CPU each worker used plus time it waited for a CPU: what it would have used on an
+        idle machine (1.0 = it always wanted a core)."""
+        n = self.config.num_workers
+        return (self.workers_cpu + (self.workers_runq or 0.0)) / n if n else 0.0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory of the main process and the workers together: the sum of their PSS (pages
+        shared after fork counted once, split between the sharers) where the OS reports it,
+        else of their USS. A worker's own USS is what adding one more costs."""
+        main = self.main_pss_bytes if self.main_pss_bytes is not None else self.main_uss_bytes
+        workers = self.workers_pss_bytes
+        if workers is None:
+            workers = self.workers_uss_bytes
+        return (main or 0) + (workers or 0)
+
+    @classmethod
+    def of(cls, m: Measurement, reason: str) -> Trial:
+        workers = m.processes.workers
+        uss = [w.uss_bytes for w in workers if w.uss_bytes is not None]
+        pss = [w.pss_bytes for w in workers if w.pss_bytes is not None]
+        return cls(
+            config=m.config,
+            reason=reason,
+            samples_per_s=m.samples_per_s,
+            spread=m.spread,
+            startup_s=m.startup_s,
+            epoch_restart_s=list(m.epoch_restart_s),
+            main_cpu=m.processes.main.cpu_util,
+            workers_cpu=sum(w.cpu_util for w in workers),
+            workers_runq=_sum_known([w.runq_util for w in workers]),
+            main_uss_bytes=m.processes.main.uss_bytes,
+            workers_uss_bytes=sum(uss) if uss else None,
+            worker_uss_max_bytes=max(uss) if uss else None,
+            main_pss_bytes=m.processes.main.pss_bytes,
+            workers_pss_bytes=sum(pss) if pss else None,
+            shm_peak_bytes=m.processes.shm_peak_bytes,
+            batch_bytes=m.batch_bytes,
+            stall_fraction=m.stall_fraction,
+            system_busy_cpus=m.processes.system_busy_cpus,
+            copy_s_per_batch=(m.transfer or {}).get("copy_s_per_batch"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["config"] = self.config.to_dict()
+        out["spread"] = None if self.spread is None else self.spread.to_dict()
+        out["epoch_restart_s"] = list(self.epoch_restart_s)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trial:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        known["config"] = LoaderConfig.from_dict(d["config"])
+        known["spread"] = None if d.get("spread") is None else Spread.from_dict(d["spread"])
+        return cls(**known)

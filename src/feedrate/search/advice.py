@@ -1,0 +1,131 @@
+"""Turning the chosen trial into advice: the verdict on every trial, the persistent_workers
+judgement and the one-sentence reason. Pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.trial import Trial
+from feedrate.search.bottleneck import bottleneck
+from feedrate.search.space import Space, beats, covers, fastest, series
+
+#: persistent_workers pays when restarting workers costs at least this share of an epoch...
+PERSISTENT_SHARE = 0.01
+#: ... or at least this many seconds per epoch.
+PERSISTENT_SECONDS = 1.0
+
+
+def verdicts(space: Space, trials: list[Trial], best: Trial) -> None:
+    """Fill in each trial's ``verdict`` against the recommendation."""
+    top = fastest(trials)
+    for t in trials:
+        if not t.measured:
+            continue
+        if t is best:
+            t.verdict = "recommended"
+        elif space.consumer:
+            stall = t.stall_fraction or 0.0
+            t.verdict = (
+                f"keeps the consumer fed ({stall:.0%} stall)"
+                if covers(t)
+                else f"consumer waits {stall:.0%} of the time"
+            )
+        elif top is not None and not beats(top, t):
+            t.verdict = "within noise of the fastest"
+        elif best.median > 0:
+            t.verdict = f"{1 - t.median / best.median:.0%} slower"
+
+
+def judge_persistent(best: Trial, epoch_samples: int | None) -> dict[str, Any]:
+    """Whether keeping workers alive between epochs pays, from the measured start-up cost (the
+    mean epoch restart when the measurement saw one) against the epoch's length."""
+    w = best.config.num_workers
+    if w == 0:
+        return {"applies": False, "why": "no workers to keep alive"}
+    restart = (
+        sum(best.epoch_restart_s) / len(best.epoch_restart_s)
+        if best.epoch_restart_s
+        else best.startup_s
+    )
+    epoch_s = epoch_samples / best.median if epoch_samples and best.median > 0 else None
+    share = restart / epoch_s if epoch_s else None
+    pays = restart >= PERSISTENT_SECONDS or (share is not None and share >= PERSISTENT_SHARE)
+    return {
+        "applies": True,
+        "recommended": bool(pays),
+        "seconds_saved_per_epoch": restart,
+        "epoch_seconds": epoch_s,
+        "share_of_epoch": share,
+        "measured_from": "epoch restarts" if best.epoch_restart_s else "start-up",
+    }
+
+
+def apply_persistent(best: Trial, judgement: dict[str, Any]) -> LoaderConfig:
+    """The recommended config with persistent_workers set by the judgement (not trialled: the
+    steady-state rate does not change, only each epoch's start)."""
+    if not judgement.get("applies"):
+        return best.config
+    return replace(best.config, persistent_workers=bool(judgement["recommended"]))
+
+
+def reason(
+    space: Space,
+    best: Trial,
+    baseline: Trial,
+    consumer: str | None,
+    trials: list[Trial] | None = None,
+) -> str:
+    """One sentence: why this configuration."""
+    w, cpus = best.config.num_workers, space.cpus
+    if consumer is not None:
+        if covers(best):
+            return (
+                f"{w} workers are the fewest that keep {consumer} fed: the data stall drops "
+                f"from {baseline.stall_fraction or 0:.0%} with your settings to "
+                f"{best.stall_fraction or 0:.0%}."
+            )
+        return (
+            f"No configuration tried keeps {consumer} fed on this machine; {w} workers are the "
+            f"fewest within the noise of the least stall ({best.stall_fraction or 0:.0%} of the "
+            "time waiting for data)."
+        )
+    kind = bottleneck(best, cpus)
+    t = best.config.threads
+    if t > 1:
+        procs = [x for x in series(space, trials or []) if x.config.num_workers > 0]
+        rival = max(procs, key=lambda x: x.median, default=None)
+        than = (
+            f" ({best.median / rival.median:.1f}× the fastest processes-only setting tried, "
+            f"{rival.config.num_workers} workers)"
+            if rival is not None and rival.median > 0
+            else ""
+        )
+        return (
+            f"Fetching waits, not computing: {w} worker{'s' if w != 1 else ''} each keeping "
+            f"{t} requests in flight on threads overlap the waits for a fraction of the "
+            f"memory of one process per request{than}."
+        )
+    if kind == "no-workers":
+        return (
+            "No workers measured fastest: handing samples to worker processes cost more in "
+            "inter-process copies and start-up than it saved on this machine."
+        )
+    if kind == "latency":
+        return (
+            f"Workers spend most of their time waiting ({best.worker_cpu_mean:.0%} CPU each), so "
+            f"{w} workers{' — more than the ' + str(cpus) + ' usable CPUs —' if w > cpus else ''}"
+            " overlap the waits."
+        )
+    if kind == "main-process":
+        return (
+            f"The main process is the bottleneck ({best.main_cpu:.0%} of a core collating and "
+            f"unpickling batches), so {w} workers are enough and more would not help."
+        )
+    if kind == "cpu":
+        return (
+            f"The pipeline is CPU-bound ({best.main_cpu + best.workers_cpu:.1f} of {cpus} CPUs "
+            f"busy): {w} workers keep the usable CPUs busy and more would only compete."
+        )
+    return f"{w} workers measured fastest, beyond the noise of the alternatives tried."

@@ -1,0 +1,57 @@
+"""How much of the machine a search may plan to use (memory, /dev/shm, open files, workers),
+from the machine's facts: the ``Space`` that tune, autotune and the doctor search in."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.search.space import Space
+
+if TYPE_CHECKING:
+    from feedrate.machine.facts import MachineFacts
+
+#: Past this many workers, ask for max_workers: start-up and shutdown get slow.
+DEFAULT_MAX_WORKERS = 128
+#: Share of available memory and of free /dev/shm a search may plan to use.
+MEMORY_SHARE = 0.5
+SHM_SHARE = 0.5
+#: Share of the open-file soft limit a search may plan to use.
+FD_SHARE = 0.8
+
+
+def space_for(
+    facts: MachineFacts,
+    baseline: LoaderConfig,
+    *,
+    consumer: bool,
+    max_workers: int | None = None,
+    memory_limit: int | None = None,
+    allow_reorder: bool = False,
+) -> Space:
+    """The search space around ``baseline`` (the user's settings) on the machine ``facts``
+    describe: at most ``max_workers`` (default ``DEFAULT_MAX_WORKERS``), ``memory_limit`` bytes
+    (default ``MEMORY_SHARE`` of what is available, within a cgroup limit), ``SHM_SHARE`` of
+    free /dev/shm, and ``FD_SHARE`` of the open-file limit where batches hold files."""
+    available = facts.memory_available_bytes
+    if facts.memory_limit_bytes is not None:
+        available = min(available or facts.memory_limit_bytes, facts.memory_limit_bytes)
+    memory = memory_limit or (int(available * MEMORY_SHARE) if available else None)
+    shm = int(facts.shm_free_bytes * SHM_SHARE) if facts.shm_free_bytes else None
+    return Space(
+        cpus=facts.cpus_usable,
+        baseline=baseline,
+        max_workers=DEFAULT_MAX_WORKERS if max_workers is None else max_workers,
+        memory_budget=memory,
+        shm_budget=shm,
+        fd_budget=fd_budget(facts),
+        consumer=consumer,
+        allow_reorder=allow_reorder,
+    )
+
+
+def fd_budget(facts: MachineFacts) -> int | None:
+    """Only the file_descriptor sharing strategy holds a file per tensor in flight."""
+    if facts.sharing_strategy != "file_descriptor" or facts.open_files_soft is None:
+        return None
+    return int(facts.open_files_soft * FD_SHARE)

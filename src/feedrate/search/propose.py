@@ -1,0 +1,75 @@
+"""The search's two entry points and its answer: ``propose`` (tune's next trial), ``propose_online``
+(autotune's) and ``choose`` (the recommendation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from feedrate.results.trial import Trial
+from feedrate.search.space import Proposal, Space, beats, covers, eligible
+from feedrate.search.steps import CONSUMER_STEPS, FASTEST_STEPS, ONLINE_STEPS
+
+
+def propose(space: Space, trials: list[Trial]) -> Proposal | None:
+    """The next configuration to try and why, or None when the search is done."""
+    return _first(CONSUMER_STEPS if space.consumer else FASTEST_STEPS, space, trials)
+
+
+def _first(
+    steps: tuple[Callable[[Space, list[Trial]], Proposal | None], ...],
+    space: Space,
+    trials: list[Trial],
+) -> Proposal | None:
+    """The first step's proposal that is new and within max_workers."""
+    tried = {t.config for t in trials}
+    for step in steps:
+        proposal = step(space, trials)
+        if (
+            proposal is not None
+            and proposal[0] not in tried
+            and proposal[0].num_workers <= space.max_workers
+        ):
+            return proposal
+    return None
+
+
+def propose_online(space: Space, trials: list[Trial]) -> Proposal | None:
+    """``autotune``'s next configuration while training runs: from where it started, fewer
+    workers while the step stays fed, more while the stall falls (threads where allowed), then
+    bisect; None when settled. No anchors: every trial costs training time."""
+    return _first(ONLINE_STEPS, space, trials)
+
+
+def choose(space: Space, trials: list[Trial]) -> Trial | None:
+    """The recommendation: with a consumer the fewest workers (then least memory) that keep it
+    fed; without one, or when none keeps it fed, the cheapest within the noise of the fastest
+    (with a consumer its rate is what it delivered to the consumer, so the fastest stalls least
+    and a stall a few points lower is no reason to pay for more workers)."""
+    measured = eligible(space, trials)
+    if not measured:
+        return None
+    if space.consumer:
+        fed = [t for t in measured if covers(t)]
+        if fed:
+            return min(
+                fed,
+                key=lambda t: (
+                    t.config.num_workers,
+                    t.config.threads,
+                    bool(t.config.pin_memory),
+                    t.memory_bytes,
+                ),
+            )
+    top = max(measured, key=lambda t: t.median)
+    equal = [t for t in measured if not beats(top, t)]
+    return min(
+        equal,
+        key=lambda t: (
+            t.config.num_workers,
+            t.config.threads,
+            t.config.prefetch_factor or 0,
+            bool(t.config.pin_memory),  # locked memory: only where it pays
+            t.memory_bytes,
+        ),
+    )

@@ -1,0 +1,150 @@
+"""What a search may try (``Space``) and how trials compare: the noise between two trials, whether
+one beats another, whether one keeps the consumer fed, and the budgets a configuration would
+exceed. Pure functions over measured trials.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.trial import Trial
+
+#: A gain must beat this relative margin (or the trials' own spread, if wider) to count.
+NOISE_FLOOR = 0.03
+
+
+#: With a consumer, a configuration keeps it fed when it waits for data at most this share of time.
+STALL_MARGIN = 0.05
+
+
+#: With a consumer, doubling the workers must cut the stall by at least this much to go on.
+STALL_GAIN = 0.03
+
+
+#: With a consumer, latency-bound workers are aimed at the consumer's pace with this to spare.
+AIM_MARGIN = 0.1
+
+
+#: Batches from this many bytes cost workers real CPU time to copy into shared memory (and the
+#: main process to map): online, busy workers making them may be slower than no workers.
+BIG_BATCH = 2**20
+
+
+#: Online, no workers are tried after one worker fed the loop only when the stall predicted
+#: without them (``zero_stall``) is below this: a bad trial costs training time.
+ZERO_STALL = 0.25
+
+
+#: /dev/shm needed per batch in flight, over the batch's own bytes (headroom for fragmentation).
+SHM_HEADROOM = 1.5
+
+
+#: Open files the main process holds per worker (queues, pipes) and per batch in flight (one per
+#: tensor under the file_descriptor sharing strategy; a batch usually holds a few tensors).
+FDS_PER_WORKER, FDS_PER_BATCH, FDS_BASE = 4, 4, 64
+
+
+Proposal = tuple[LoaderConfig, str]
+
+
+@dataclass(frozen=True)
+class Space:
+    """What may be tried: ``cpus`` usable, the user's ``baseline`` (its other settings are kept),
+    the worker cap and the memory and /dev/shm budgets in bytes (None = unbounded)."""
+
+    cpus: int
+    baseline: LoaderConfig
+    max_workers: int
+    memory_budget: int | None = None
+    shm_budget: int | None = None
+    fd_budget: int | None = None
+    consumer: bool = False
+    allow_reorder: bool = False
+    #: Threads per worker a threaded trial may use (1: threads cannot help this loader, e.g.
+    #: an IterableDataset, or a thread-safety check failed); whether they may be recommended.
+    max_threads: int = 1
+    allow_threads: bool = False
+
+
+def noise(a: Trial, b: Trial) -> float:
+    """The relative difference two trials must exceed to be told apart: twice the standard
+    error of their difference (from each trial's windows), and at least ``NOISE_FLOOR``."""
+    return max(NOISE_FLOOR, 2 * math.hypot(a.noise, b.noise))
+
+
+def beats(b: Trial, a: Trial) -> bool:
+    """``b`` is faster than ``a`` by more than the noise of either."""
+    return b.median > a.median * (1 + noise(a, b))
+
+
+def covers(t: Trial) -> bool:
+    return t.measured and t.stall_fraction is not None and t.stall_fraction <= STALL_MARGIN
+
+
+def with_workers(base: LoaderConfig, workers: int, **changes: object) -> LoaderConfig:
+    """``workers`` workers, the baseline's other settings. Trials keep their workers alive
+    between epochs: restarting them is start-up, judged apart (``advice.judge_persistent``),
+    and repeated restarts would only make trials slower."""
+    pf = base.prefetch_factor if base.num_workers else None
+    cfg = LoaderConfig(workers, base.pin_memory, pf, workers > 0, base.in_order, base.threads)
+    return replace(cfg, **changes) if changes else cfg  # type: ignore[arg-type]
+
+
+def series(space: Space, trials: list[Trial]) -> list[Trial]:
+    """Measured trials that vary only num_workers from the baseline's other settings."""
+    return [
+        t
+        for t in trials
+        if t.measured and with_workers(space.baseline, t.config.num_workers) == t.config
+    ]
+
+
+def eligible(space: Space, trials: list[Trial]) -> list[Trial]:
+    """Measured trials that may be recommended: threaded ones only when allowed."""
+    return [t for t in trials if t.measured and (space.allow_threads or t.config.threads == 1)]
+
+
+def threaded(trials: list[Trial]) -> list[Trial]:
+    return [t for t in trials if t.measured and t.config.threads > 1]
+
+
+def threads_win(space: Space, top: Trial, trials: list[Trial]) -> bool:
+    """Threads may be recommended and one threaded trial already beats ``top``."""
+    return space.allow_threads and any(beats(t, top) for t in threaded(trials))
+
+
+def fastest(trials: list[Trial]) -> Trial | None:
+    measured = [t for t in trials if t.measured]
+    return max(measured, key=lambda t: t.median) if measured else None
+
+
+def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) -> str | None:
+    """Why ``cfg`` would exceed a budget, predicted from measured per-process memory and batch
+    bytes; None when it fits or nothing is known yet."""
+    measured = [t for t in trials if t.measured]
+    per_worker = max((t.worker_uss_max_bytes or 0 for t in measured), default=0)
+    main = max((t.main_uss_bytes or 0 for t in measured), default=0)
+    batch = max((t.batch_bytes or 0 for t in measured), default=0)
+    w, pf = cfg.num_workers, cfg.prefetch_factor or 0
+    memory = main + w * per_worker
+    if space.memory_budget is not None and per_worker and memory > space.memory_budget:
+        return (
+            f"predicted memory {memory / 2**30:.2f} GiB over the budget of "
+            f"{space.memory_budget / 2**30:.2f} GiB ({per_worker / 2**20:.0f} MiB per worker)"
+        )
+    shm = int(batch * w * pf * SHM_HEADROOM)
+    if space.shm_budget is not None and batch and shm > space.shm_budget:
+        return (
+            f"predicted /dev/shm use {shm / 2**20:.0f} MiB over the budget of "
+            f"{space.shm_budget / 2**20:.0f} MiB ({w} workers × {pf} batches of "
+            f"{batch / 2**20:.1f} MiB in flight)"
+        )
+    fds = FDS_BASE + w * (FDS_PER_WORKER + pf * FDS_PER_BATCH)
+    if space.fd_budget is not None and w and fds > space.fd_budget:
+        return (
+            f"predicted {fds} open files over the budget of {space.fd_budget} "
+            "(80% of the soft limit; raise it with ulimit -n)"
+        )
+    return None

@@ -1,0 +1,348 @@
+"""The guided search: which configuration to try next, and which one to recommend.
+
+Pure decisions over measured trials (no measuring here), so every rule is tested with synthetic
+trials. The search reads the signals a measurement carries, the way an expert would:
+
+* anchors first: no workers (cheap samples are fastest without inter-process copies) and one
+  worker per usable CPU;
+* workers mostly waiting (low CPU per worker) → latency-bound: double the workers, well past the
+  CPU count, while each doubling gains more than the noise;
+* workers or the main process saturating the CPUs → CPU-bound: look one step either side;
+* refine between the best and its tried neighbours; then a deeper prefetch queue, and batches in
+  completion order where allowed;
+* never start a configuration whose predicted memory or /dev/shm use exceeds the budget.
+
+With a consumer, the answer is the fewest workers that keep it fed (data stall under
+``STALL_MARGIN``), found by stepping up (latency-bound: aimed at the consumer's pace) then
+bisecting; without one, the fastest, where among
+configurations within the noise of the fastest the cheapest wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from feedrate.results.trial import Trial
+from feedrate.search.bottleneck import bottleneck
+from feedrate.search.space import (
+    AIM_MARGIN,
+    BIG_BATCH,
+    STALL_GAIN,
+    ZERO_STALL,
+    Proposal,
+    Space,
+    beats,
+    covers,
+    eligible,
+    fastest,
+    series,
+    threaded,
+    threads_win,
+    with_workers,
+)
+
+
+def _anchor_none(space: Space, trials: list[Trial]) -> Proposal | None:
+    return with_workers(
+        space.baseline, 0
+    ), "no workers: cheap samples are fastest without inter-process copies"
+
+
+def _anchor_cpus(space: Space, trials: list[Trial]) -> Proposal | None:
+    return with_workers(space.baseline, space.cpus), f"one worker per usable CPU ({space.cpus})"
+
+
+def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Go past the largest count tried while it is the fastest, its last step up gained more
+    than the noise, and its workers mostly wait."""
+    main = series(space, trials)
+    top = max(main, key=lambda t: t.config.num_workers, default=None)
+    if top is None or top.config.num_workers == 0 or fastest(main) is not top:
+        return None
+    w = top.config.num_workers
+    lower = [t for t in main if 0 < t.config.num_workers < w]
+    if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
+        return None
+    if threads_win(space, top, trials):
+        return None  # a few threaded workers beat it: more processes would only cost memory
+    kind = bottleneck(top, space.cpus)
+    if kind == "latency":
+        step = _step_up(space, top, max(lower, key=lambda t: t.config.num_workers, default=None))
+        why = (
+            f"workers at {w} mostly wait ({top.worker_cpu_mean:.0%} CPU each, "
+            f"{top.worker_demand_mean - top.worker_cpu_mean:.0%} queued for one): "
+            f"{'four times' if step == 4 else 'twice'} the workers overlap more waits"
+        )
+        return with_workers(space.baseline, min(step * w, space.max_workers)), why
+    if kind == "cpu" and w == space.cpus:
+        return with_workers(space.baseline, w + 1), "one more worker than CPUs, to fill I/O gaps"
+    if kind == "unknown":
+        why = f"workers at {w} neither saturate the CPUs nor mostly wait: try more"
+        return with_workers(space.baseline, min(2 * w, space.max_workers)), why
+    return None
+
+
+def _step_up(space: Space, top: Trial, prev: Trial | None) -> int:
+    """Quadruple the workers while the last step scaled nearly linearly and the CPU time
+    projected at four times the workers still fits the machine; else double."""
+    projected = 4 * (top.main_cpu + top.workers_cpu)
+    if prev is None:
+        linear = projected <= 0.5 * space.cpus
+    else:
+        gained = top.median / prev.median if prev.median > 0 else 0.0
+        linear = gained >= 0.8 * top.config.num_workers / prev.config.num_workers
+    return 4 if linear and projected <= 0.85 * space.cpus else 2
+
+
+def _one_worker(space: Space, trials: list[Trial]) -> Proposal | None:
+    """When no workers beat one per CPU, check whether a single worker helps at all."""
+    best = fastest(series(space, trials))
+    if best is not None and best.config.num_workers == 0 and space.cpus > 1:
+        return with_workers(
+            space.baseline, 1
+        ), "one worker: does moving the work off the main process pay?"
+    return None
+
+
+def _cpu_neighbour(space: Space, trials: list[Trial]) -> Proposal | None:
+    best = fastest(series(space, trials))
+    if best is None or best.config.num_workers != space.cpus or space.cpus < 2:
+        return None
+    if bottleneck(best, space.cpus) in ("cpu", "main-process"):
+        return with_workers(
+            space.baseline, space.cpus - 1
+        ), "one worker fewer, leaving a core for the main process"
+    return None
+
+
+def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Bisect between the best count and a tried neighbour more than 25% away: the next higher
+    one, and the next lower one unless the best scaled linearly from it (then the peak is not
+    below)."""
+    main = series(space, trials)
+    best = fastest(main)
+    if best is None or best.config.num_workers == 0 or threads_win(space, best, trials):
+        return None
+    b = best.config.num_workers
+    by_count = {t.config.num_workers: t for t in main}
+    higher = [c for c in sorted(by_count) if c > b]
+    lower = [c for c in sorted(by_count) if 0 < c < b and _peak_may_be_below(best, by_count[c])]
+    for other in ([higher[0]] if higher else []) + ([lower[-1]] if lower else []):
+        if abs(other - b) > max(1, b // 4):
+            mid = (b + other) // 2
+            return with_workers(space.baseline, mid), f"between the best so far ({b}) and {other}"
+    return None
+
+
+def _peak_may_be_below(best: Trial, lower: Trial) -> bool:
+    """The lower count was within the noise of the best, or the step up from it scaled less
+    than linearly (the curve was already bending, so its top may lie between them)."""
+    if not beats(best, lower) or lower.median <= 0:
+        return True
+    gained = best.median / lower.median
+    return gained < 0.8 * best.config.num_workers / lower.config.num_workers
+
+
+def _waiting_best(space: Space, trials: list[Trial]) -> Trial | None:
+    """The fastest processes-only trial with workers, when its workers mostly wait."""
+    best = fastest([t for t in series(space, trials) if t.config.num_workers > 0])
+    if best is None or bottleneck(best, space.cpus) != "latency":
+        return None
+    return best
+
+
+def _threads(space: Space, trials: list[Trial]) -> Proposal | None:
+    """With leave to recommend threads, as soon as workers are seen mostly waiting: overlap the
+    waits on threads inside a few workers instead of in more processes, doubling the threaded
+    workers while they gain and still mostly wait."""
+    if space.max_threads <= 1 or not space.allow_threads:
+        return None
+    best = _waiting_best(space, trials)
+    if best is None:
+        return None
+    t_max = space.max_threads
+    ours = [t for t in threaded(trials) if t.config.threads == t_max]
+    if not ours:
+        w = min(space.cpus, best.config.num_workers)
+        why = (
+            f"workers at {best.config.num_workers} mostly wait ({best.worker_cpu_mean:.0%} CPU "
+            f"each): {w} workers fetching on {t_max} threads each overlap as many waits for a "
+            "fraction of the memory"
+        )
+        return with_workers(space.baseline, w, threads=t_max), why
+    if space.consumer and any(covers(t) for t in ours):
+        return None
+    top = max(ours, key=lambda t: t.config.num_workers)
+    w = top.config.num_workers
+    lower = [t for t in ours if t.config.num_workers < w]
+    if fastest(ours) is not top or bottleneck(top, space.cpus) != "latency":
+        return None
+    if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
+        return None
+    why = (
+        f"{w} threaded workers still mostly wait ({top.worker_cpu_mean:.0%} CPU each): "
+        f"twice the workers, {t_max} threads each"
+    )
+    return with_workers(space.baseline, 2 * w, threads=t_max), why
+
+
+def _threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Without leave, once the processes are searched: one threaded trial with twice the
+    requests in flight of the best worker count, so the report can say what threads would
+    give, measured (it is never recommended)."""
+    if space.max_threads <= 1 or space.allow_threads or threaded(trials):
+        return None
+    procs = [t for t in series(space, trials) if t.config.num_workers > 0]
+    best = fastest(procs)
+    if best is None or not any(bottleneck(t, space.cpus) == "latency" for t in procs):
+        return None  # the workers never mostly waited: threads would only compete for CPUs
+    t_max, b = space.max_threads, best.config.num_workers
+    w = min(b, max(1, math.ceil(2 * b / t_max)))
+    why = (
+        f"for the report: {w} workers on {t_max} threads each keep twice the requests in "
+        f"flight of {b} worker processes (threads are recommended only with --threads)"
+    )
+    return with_workers(space.baseline, w, threads=t_max), why
+
+
+def _prefetch(space: Space, trials: list[Trial]) -> Proposal | None:
+    best = fastest(eligible(space, trials))
+    if best is None or best.config.num_workers == 0:
+        return None
+    pf = best.config.prefetch_factor or 2
+    deeper = replace(best.config, prefetch_factor=pf * 2)
+    shallower = [t for t in trials if t.config == replace(best.config, prefetch_factor=pf // 2)]
+    if pf >= 8 or (shallower and not beats(best, shallower[0]) and pf > 2):
+        return None
+    return deeper, f"a deeper queue (prefetch_factor={pf * 2}) absorbs uneven per-sample cost"
+
+
+def _reorder(space: Space, trials: list[Trial]) -> Proposal | None:
+    best = fastest(eligible(space, trials))
+    if not space.allow_reorder or best is None or best.config.num_workers == 0:
+        return None
+    return replace(best.config, in_order=False), "batches in completion order, past slow samples"
+
+
+FASTEST_STEPS = (
+    _anchor_none,
+    _anchor_cpus,
+    _one_worker,
+    _threads,
+    _explore,
+    _cpu_neighbour,
+    _refine,
+    _prefetch,
+    _reorder,
+    _threads_report,
+)
+
+
+def _double(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Consumer mode: more workers until one configuration keeps the consumer fed: twice as
+    many, or for latency-bound workers the count aimed at the consumer's pace (``_aim``)."""
+    main = series(space, trials)
+    if not main or any(covers(t) for t in main):
+        return None
+    if space.allow_threads and any(covers(t) for t in threaded(trials)):
+        return None  # fewer threaded workers keep it fed: more processes would only cost
+    top = max(main, key=lambda t: t.config.num_workers)
+    w = top.config.num_workers
+    lower = [t for t in main if t.config.num_workers < w]
+    if lower and w > 1:
+        prev = max(lower, key=lambda t: t.config.num_workers)
+        cut = (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0)
+        if cut < STALL_GAIN and not beats(top, prev):
+            # The last doubling neither cut the stall nor delivered more (a step that takes
+            # next to no time stalls ~100% at any rate): more workers cannot feed it.
+            return None
+    nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"
+    if w and bottleneck(top, space.cpus) == "latency":
+        nxt = min(_aim(space, top), space.max_workers)
+        more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
+    return (
+        with_workers(space.baseline, nxt),
+        f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time: {more}",
+    )
+
+
+def _aim(space: Space, top: Trial) -> int:
+    """Latency-bound workers scale about linearly: the count that would deliver the consumer's
+    own pace (its rate without the stall) with ``AIM_MARGIN`` to spare, between x1.25 and x16
+    the count tried, and no more than the CPU time projected at that count leaves room for.
+    Every starved trial costs (training time online, budget offline): aim, don't crawl."""
+    w = top.config.num_workers
+    stall = min(top.stall_fraction or 0.0, 0.99)
+    pace = top.median / (1 - stall) if top.median > 0 else math.inf
+    need = pace / top.median * (1 + AIM_MARGIN) if top.median > 0 else 16.0
+    factor = min(16.0, max(1.25, need))
+    cpu = top.main_cpu + top.workers_cpu
+    if cpu > 0:
+        factor = min(factor, max(2.0, 0.85 * space.cpus / cpu))
+    return max(w + 1, math.ceil(w * factor - 1e-9))
+
+
+def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
+    main = series(space, trials)
+    fed = [t.config.num_workers for t in main if covers(t)]
+    if not fed:
+        return None
+    c = min(fed)
+    starved = [t.config.num_workers for t in main if not covers(t) and t.config.num_workers < c]
+    if not starved or c - max(starved) <= 1:
+        return None
+    mid = (c + max(starved)) // 2
+    return with_workers(
+        space.baseline, mid
+    ), f"fewer workers ({mid}) that may still keep the consumer fed"
+
+
+CONSUMER_STEPS = (_anchor_none, _threads, _double, _bisect, _threads_report)
+
+
+def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Online: the fewest workers tried keep the consumer fed; half as many may too."""
+    main = series(space, trials)
+    fed = [t.config.num_workers for t in main if covers(t)]
+    if not fed or min(fed) == 0:
+        return None
+    c = min(fed)
+    if any(not covers(t) and t.config.num_workers < c for t in main):
+        return None  # _bisect's ground
+    if c == 1 and zero_stall(next(t for t in main if t.config.num_workers == 1)) > ZERO_STALL:
+        return None  # the worker's CPU time, moved into the loop, would stall it
+    return with_workers(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
+
+
+def zero_stall(t: Trial) -> float:
+    """The stall predicted without workers for a loop fed by ``t``: each second of the loop would
+    also do the CPU work the workers did in it (their inter-process copies aside)."""
+    work = t.workers_cpu
+    step = 1.0 - (t.stall_fraction or 0.0)
+    return work / (work + step) if work + step > 0 else 0.0
+
+
+def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Online, once more workers stopped helping and none feeds the loop: no workers at all
+    (cheap samples are fastest without inter-process copies). Not when the workers mostly
+    waited and more of them did help (latency-bound: without them the loop would wait on every
+    read), nor when busy workers made small batches (the work itself is the cost); idle workers
+    that more of them did not speed up, or busy ones making big batches, point at the copies
+    between processes instead."""
+    main = series(space, trials)
+    if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
+        return None
+    best = fastest(main)
+    if best is None:
+        return None
+    kind = bottleneck(best, space.cpus)
+    fewest = min(main, key=lambda t: t.config.num_workers)
+    if kind == "latency" and best is not fewest and beats(best, fewest):
+        return None
+    if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH:
+        return None
+    return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
+
+
+ONLINE_STEPS = (_fewer, _threads, _double, _bisect, _zero)

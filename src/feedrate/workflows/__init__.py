@@ -1,0 +1,1 @@
+"""The workflows users call: tune, doctor, transfer. They orchestrate the layers below."""

@@ -1,0 +1,401 @@
+"""``doctor``: what is wrong or risky in a DataLoader pipeline on this machine, with the evidence
+and the fix. ``tune_checks``: the same dataset and resource checks, run inside ``tune``.
+
+Orchestration only: the experiments that run the pipeline are in ``experiments`` (and
+``measuring`` for throughput), the rules that judge their evidence in ``checks``,
+``checks_machine`` and ``checks_dataset``, the result is plain data (``report.Report``).
+
+The doctor does not search: it measures your settings and a few informative alternatives (no
+workers, one per usable CPU, twice as many when workers mostly wait), briefly, and only claims
+a better worker count when the gain beats the noise, measured again side by side. Every step is
+bounded in time; a step that fails becomes a ``check-failed`` finding and the others go on,
+except that after the pipeline itself failed (its exception, a killed worker, a hang) the
+steps that would run it again are skipped and the report says so.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate.checks import dataset as checks_dataset
+from feedrate.checks.machine import (
+    cpu_quota_finding,
+    fd_limit_finding,
+    pin_memory_finding,
+    pin_memory_unused_finding,
+    shm_finding,
+)
+from feedrate.checks.tune import check_failed_finding
+from feedrate.checks.workers import (
+    busy_machine_finding,
+    data_stall_finding,
+    startup_cause,
+    startup_finding,
+)
+from feedrate.errors import PipelineError, UserError
+from feedrate.loader.batches import epoch_samples
+from feedrate.loader.rebuild import config_of, is_iterable_style
+from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring import workers as worker_runs
+from feedrate.measuring.consumer import Consumer, make_consumer
+from feedrate.measuring.dataset_objects import large_containers
+from feedrate.measuring.measure import LoaderSource
+from feedrate.measuring.memory_run import sample_run
+from feedrate.results.doctor import CheckRun, CheckStatus, Report
+from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
+from feedrate.results.findings import Finding, by_severity
+from feedrate.results.trial import Trial
+from feedrate.workflows.doctor_trials import TRIAL_SECONDS, Comparison
+
+#: Every finding id the doctor reports, each with the steps that gather its evidence ("static"
+#: needs none beyond the machine facts and the loader's settings).
+CHECKS: dict[str, tuple[str, ...]] = {
+    "bottleneck": ("performance", "memory"),  # memory: a batch to time a --step on
+    "too-few-workers": ("performance",),
+    "too-many-workers": ("performance",),
+    "startup-cost": ("performance", "workers"),
+    "shm-too-small": ("memory", "performance"),
+    "fd-limit": ("memory",),
+    "pin-memory-unused": ("static", "memory"),
+    "pin-memory-no-accelerator": ("static",),
+    "cpu-quota": ("static",),
+    "copy-on-read": ("memory",),
+    "iterable-duplicates": ("duplicates",),
+    "shared-rng": ("workers",),
+    "thread-oversubscription": ("workers", "memory"),
+    "busy-machine": ("performance",),
+    "data-stall": ("performance", "memory"),
+}
+#: The steps in the order they run (cheap and independent of the pipeline's speed first),
+#: each with what it does, as findings name it.
+STEPS = {
+    "workers": "look inside 2 workers (after worker_init_fn)",
+    "duplicates": "IterableDataset run in 2 workers",
+    "memory": "memory run (your loader with 2 workers)",
+    "performance": "throughput measurement",
+}
+#: What ``tune`` adds to its own findings (its search covers the rest).
+TUNE_CHECKS = (
+    "shm-too-small",
+    "fd-limit",
+    "pin-memory-unused",
+    "copy-on-read",
+    "iterable-duplicates",
+    "shared-rng",
+    "thread-oversubscription",
+)
+_AFTER_FAILURE = "the pipeline failed in an earlier step"
+#: Seconds of the memory run where the dataset holds large Python containers (to see worker
+#: memory grow), and otherwise (a batch, and the workers' threads while loading).
+MEMORY_SECONDS = 2.5
+BRIEF_SECONDS = 0.5
+
+
+def doctor(
+    source: LoaderSource,
+    *,
+    rate: float | None = None,
+    step_time: float | None = None,
+    step: Callable[[Any], object] | None = None,
+    step_name: str | None = None,
+    checks: Collection[str] | None = None,
+    trial_seconds: float = TRIAL_SECONDS,
+    timeout_s: float = 30.0,
+    machine: MachineFacts | Mapping[str, Any] | None = None,
+    target: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Examine ``source`` (a DataLoader or a zero-argument callable returning one) as configured,
+    and report what is wrong or risky (``Report.findings``, errors first), with the evidence
+    and a fix for each. With ``rate`` (samples/s), ``step_time`` (s per batch) or ``step`` (a
+    callable taking a batch) the loader is judged against that consumer.
+
+    ``checks``: finding ids to look for (default all, see ``CHECKS``). ``timeout_s``: a step
+    that sees no batch for this long stops as hung. ``machine``: the facts to judge by (default
+    this machine's); a mapping overrides only the fields it names, e.g.
+    ``{"shm_free_bytes": 64 * 2**20}`` to ask how the pipeline would fare in a default Docker
+    container. Never raises for a failing pipeline: the
+    failure is in ``Report.pipeline_error`` and a ``check-failed`` finding. Raises
+    ``UserError`` for bad arguments. No worker outlives the call.
+    """
+    loader = source() if callable(source) and not isinstance(source, DataLoader) else source
+    if not isinstance(loader, DataLoader):
+        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    if trial_seconds <= 0 or timeout_s <= 0:
+        raise UserError(
+            "trial_seconds and timeout_s must be positive", params=("trial_seconds", "timeout_s")
+        )
+    wanted = wanted_checks(checks)
+    consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
+    doc = _Doctor(loader, _facts(machine), consumer, wanted, timeout_s, progress)
+    doc.compared.seconds = trial_seconds  # the comparison's own default otherwise
+    for name in STEPS:
+        doc.step(name)
+    return doc.report(target)
+
+
+def tune_checks(
+    loader: DataLoader[Any],
+    facts: MachineFacts,
+    baseline: Trial,
+    best: Trial,
+    *,
+    timeout_s: float = 30.0,
+) -> list[Finding]:
+    """The doctor's dataset and resource checks for a finished ``tune`` (``TUNE_CHECKS``): a look
+    inside 2 workers, an IterableDataset's duplicates, and the memory run only when the dataset
+    holds large Python containers. Well under 5 s on a working pipeline."""
+    doc = _Doctor(loader, facts, None, set(TUNE_CHECKS), timeout_s, None)
+    doc.compared.baseline, doc.compared.best = baseline, best
+    doc.workers = max(doc.config.num_workers, best.config.num_workers)
+    doc.memory_seconds = 2.0
+    for name in ("workers", "duplicates"):
+        doc.step(name)
+    if doc.containers:
+        doc.step("memory")
+    return doc.findings()
+
+
+def _facts(machine: MachineFacts | Mapping[str, Any] | None) -> MachineFacts:
+    if isinstance(machine, MachineFacts):
+        return machine
+    facts = collect()
+    if not machine:
+        return facts
+    unknown = sorted(set(machine) - set(facts.to_dict()))
+    if unknown:
+        raise UserError(f"unknown machine fact {', '.join(map(repr, unknown))}")
+    return MachineFacts.from_dict({**facts.to_dict(), **machine})
+
+
+def wanted_checks(ids: Collection[str] | None) -> set[str]:
+    """The finding ids to look for (all for None); ``UserError`` naming any unknown one."""
+    if ids is None:
+        return set(CHECKS)
+    unknown = sorted(set(ids) - set(CHECKS))
+    if unknown:
+        raise UserError(
+            f"unknown check {', '.join(map(repr, unknown))}: choose from {', '.join(CHECKS)}"
+        )
+    return set(ids)
+
+
+@dataclass
+class _Evidence:
+    """What the steps gathered; each stays None (or empty) when its step did not run."""
+
+    views: list[WorkerView] = field(default_factory=list)
+    digests: StreamDigests | None = None
+    run: SampleRun | None = None
+    pickled_bytes: int | None = None
+
+
+class _Doctor:
+    """One examination: runs the steps, guards each, then applies the rules."""
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        facts: MachineFacts,
+        consumer: Consumer | None,
+        wanted: set[str],
+        timeout_s: float,
+        progress: Callable[[str], None] | None,
+    ) -> None:
+        self.loader, self.facts, self.consumer = loader, facts, consumer
+        self.wanted, self.timeout_s, self.progress = wanted, timeout_s, progress
+        self.config = config_of(loader)
+        self.memory_seconds = MEMORY_SECONDS
+        self.started = time.monotonic()
+        self.runs: list[CheckRun] = []
+        self.seen = _Evidence()
+        self.compared = Comparison(loader, facts, consumer, timeout_s=timeout_s)
+        self.pipeline_error: str | None = None
+        #: The worker count the dataset traps are judged at (tune: its answer, if more).
+        self.workers = self.config.num_workers
+        self.containers = self._static_scan()
+
+    def _static_scan(self) -> list[Container]:
+        if "copy-on-read" not in self.wanted:
+            return []
+        try:
+            return large_containers(self.loader.dataset)
+        except Exception:  # an exotic object graph must not stop the doctor
+            return []
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def step(self, name: str) -> None:
+        """Run step ``name`` unless nothing wanted needs it, it does not apply, or the pipeline
+        already failed; record how it went."""
+        skip = self._skip_reason(name)
+        if skip is not None:
+            self.runs.append(CheckRun(name, "skipped", detail=skip))
+            return
+        if self.progress is not None:
+            self.progress(name)
+        began = time.monotonic()
+        status: CheckStatus
+        run = {
+            "workers": self._workers,
+            "duplicates": self._duplicates,
+            "memory": self._memory,
+            "performance": self._performance,
+        }[name]
+        try:
+            run()
+            status, detail = "ok", ""
+        except PipelineError as exc:
+            self.pipeline_error = self.pipeline_error or str(exc)
+            status, detail = "failed", str(exc)
+        except Exception as exc:  # a bug in a check must not cost the other findings
+            status, detail = "failed", f"{type(exc).__name__}: {exc} (a feedrate bug: report it)"
+        self.runs.append(CheckRun(name, status, time.monotonic() - began, detail))
+
+    def _skip_reason(self, name: str) -> str | None:
+        if not any(name in CHECKS[i] for i in self.wanted):
+            return "not asked for"
+        if name == "duplicates" and not is_iterable_style(self.loader):
+            return "not an IterableDataset"
+        served = {i for i in self.wanted if name in CHECKS[i]}
+        if name == "memory" and served == {"copy-on-read"} and not self.containers:
+            return "no large Python containers on the dataset"
+        if self.pipeline_error is not None:
+            return _AFTER_FAILURE
+        return None
+
+    def _workers(self) -> None:
+        self.seen.views = worker_runs.inspect_workers(self.loader, timeout_s=self.timeout_s)
+        if self._start_method() in ("spawn", "forkserver") and "startup-cost" in self.wanted:
+            try:
+                self.seen.pickled_bytes = len(pickle.dumps(self.loader.dataset))
+            except Exception:
+                self.seen.pickled_bytes = None
+
+    def _duplicates(self) -> None:
+        self.seen.digests = worker_runs.stream_digests(self.loader, timeout_s=self.timeout_s)
+
+    def _memory(self) -> None:
+        """Long enough to see memory grow where the dataset holds large Python containers;
+        otherwise just long enough for a batch and the workers' threads while loading."""
+        keep = self.consumer is not None and self.consumer.kind == "step"
+        seconds = self.memory_seconds if self.containers else BRIEF_SECONDS
+        self.seen.run = sample_run(
+            self.loader, seconds=seconds, timeout_s=self.timeout_s, keep_batch=keep
+        )
+
+    def _performance(self) -> None:
+        """Your settings; then, when a bottleneck or worker-count finding is wanted, the few
+        alternatives that tell (and, with a consumer, the loader and the consumer alone)."""
+        wide = bool(self.wanted & {"bottleneck", "too-few-workers", "too-many-workers"})
+        batch = self.seen.run.first_batch if self.seen.run is not None else None
+        self.compared.run(alternatives=wide, batch=batch)
+
+    def _start_method(self) -> str | None:
+        ctx = self.loader.multiprocessing_context
+        if ctx is None:
+            return self.facts.start_method
+        return ctx if isinstance(ctx, str) else ctx.get_start_method()
+
+    # -- judging -----------------------------------------------------------------------------
+
+    def _resources(self) -> list[Finding | None]:
+        m = self.facts.to_dict()
+        run = self.seen.run
+        baseline, best = self.compared.baseline, self.compared.best
+        batch_bytes = (baseline.batch_bytes if baseline else None) or (
+            run.batch_bytes if run else None
+        )
+        tensors = run.tensors_per_batch if run else None
+        configs = [(self.config, False)]
+        if best is not None and best.config.num_workers > self.config.num_workers:
+            configs.append((best.config, True))
+        shm = [shm_finding(c, m, batch_bytes, s) for c, s in configs]
+        fds = [fd_limit_finding(c, m, tensors) for c, _ in configs]
+        return [
+            cpu_quota_finding(m),
+            pin_memory_finding(Trial(self.config, "your settings"), m),
+            pin_memory_unused_finding(self.config, m, batch_bytes),
+            next((f for f in shm if f is not None), None),
+            next((f for f in fds if f is not None), None),
+        ]
+
+    def _dataset(self) -> list[Finding | None]:
+        seen, mine = self.seen, self.workers
+        return [
+            checks_dataset.thread_finding(seen.views, seen.run, mine, self.facts.cpus_usable),
+            checks_dataset.shared_rng_finding(seen.views, mine),
+            None if seen.digests is None else checks_dataset.duplicates_finding(seen.digests, mine),
+            checks_dataset.copy_on_read_finding(self.containers, seen.run),
+        ]
+
+    def _performance_findings(self) -> list[Finding | None]:
+        base = self.compared.baseline
+        if base is None or not base.measured:
+            return []
+        view = self.seen.views[0] if self.seen.views else None
+        cause = startup_cause(
+            self._start_method(),
+            view.init_s if view else None,
+            view.age_s if view else None,
+            self.seen.pickled_bytes,
+        )
+        workers = self.compared.worker_count_finding()
+        bottleneck = self.compared.bottleneck_finding()
+        stall = None
+        if self.consumer is not None and bottleneck is not None and workers is None:
+            stall = data_stall_finding(base, bottleneck.fix)  # else too-few says it
+        return [
+            startup_finding(base, epoch_samples(self.loader), cause),
+            workers,
+            bottleneck,
+            stall,
+            busy_machine_finding(self.compared.measured(), self.facts.cpus_usable),
+        ]
+
+    def _failures(self) -> list[Finding]:
+        out = []
+        skipped = [STEPS[r.name] for r in self.runs if r.detail == _AFTER_FAILURE]
+        for r in self.runs:
+            if r.status == "failed":
+                later = skipped if self.pipeline_error == r.detail else None
+                out.append(check_failed_finding(STEPS[r.name], r.detail, later))
+        return out
+
+    def findings(self) -> list[Finding]:
+        found = [*self._resources(), *self._dataset(), *self._performance_findings()]
+        wanted = [f for f in found if f is not None and f.id in self.wanted]
+        return by_severity([*self._failures(), *wanted])
+
+    def report(self, target: str | None) -> Report:
+        evidence: dict[str, Any] = {
+            "containers": [c.to_dict() for c in self.containers],
+            "workers": [v.to_dict() for v in self.seen.views],
+            "stream": None if self.seen.digests is None else self.seen.digests.to_dict(),
+            "memory_run": None if self.seen.run is None else self.seen.run.to_dict(),
+            "pickled_dataset_bytes": self.seen.pickled_bytes,
+        }
+        return Report(
+            machine=self.facts.to_dict(),
+            config=self.config,
+            findings=self.findings(),
+            checks=self.runs,
+            seconds=time.monotonic() - self.started,
+            bottleneck=self.compared.bottleneck_kind(),
+            trials=self.compared.all_trials,
+            loader_alone=self.compared.loader_alone,
+            consumer_alone_samples_per_s=self.compared.consumer_alone,
+            evidence=evidence,
+            target=target,
+            batch_size=self.loader.batch_size,
+            consumer=None if self.consumer is None else self.consumer.to_dict(),
+            pipeline_error=self.pipeline_error,
+            feedrate_version=feedrate.__version__,
+        )

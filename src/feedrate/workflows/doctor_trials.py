@@ -1,0 +1,210 @@
+"""Your settings against a few informative alternatives, measured briefly: the doctor's evidence
+for the bottleneck and for too few or too many workers.
+
+Not a search (that is ``tune``): besides your settings, no workers, one worker per usable CPU,
+and twice the most tried when those workers mostly wait. A better worker count is measured
+again, side by side with yours, before it is claimed. With a consumer, your settings also run
+without it (the loader alone), and the consumer is timed alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from feedrate.checks.bottleneck import Pace, bottleneck_finding, bottleneck_kind
+from feedrate.checks.workers import consumer_worker_finding, worker_count_finding
+from feedrate.errors import PipelineTimeoutError, WorkerKilledError
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import config_of
+from feedrate.machine.facts import MachineFacts
+from feedrate.measuring.consumer import Consumer
+from feedrate.measuring.measure import measure
+from feedrate.measuring.memory_run import consumer_rate
+from feedrate.results.findings import Finding
+from feedrate.results.trial import Trial
+from feedrate.search.bottleneck import bottleneck, classify
+from feedrate.search.budgets import space_for
+from feedrate.search.propose import choose
+from feedrate.search.space import Space, beats, covers, fastest, predict_over_budget
+
+#: Seconds of steady state per configuration measured.
+TRIAL_SECONDS = 1.5
+#: The most workers tried when workers mostly wait (this diagnoses; it does not tune).
+LATENCY_CAP = 64
+
+
+class Comparison:
+    """Measure ``loader``'s own settings (``baseline``), then with ``run(alternatives=True)`` the
+    alternatives (``trials``) and choose the ``best`` as ``tune`` would among them."""
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        facts: MachineFacts,
+        consumer: Consumer | None,
+        *,
+        seconds: float = TRIAL_SECONDS,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.loader, self.facts, self.consumer = loader, facts, consumer
+        self.seconds, self.timeout_s = seconds, timeout_s
+        self.config = config_of(loader)
+        self.baseline: Trial | None = None
+        self.trials: list[Trial] = []
+        self.best: Trial | None = None
+        self.loader_alone: Trial | None = None
+        self.consumer_alone: float | None = None
+
+    def run(self, *, alternatives: bool = True, batch: Any = None) -> None:
+        """Your settings (a ``PipelineError`` there is raised); then, with ``alternatives``, the
+        few that tell, and with a consumer the loader and the consumer alone (the consumer on
+        ``batch``, when it is a real step)."""
+        self.baseline = self._trial(self.config, "your settings", self.consumer, fatal=True)
+        if not alternatives:
+            return
+        if self.consumer is not None:
+            self.loader_alone = self._trial(self.config, "your settings, no consumer", None)
+        for cfg, why in self._alternatives():
+            self._try(cfg, why)
+        extra = self._latency_probe()
+        if extra is not None:
+            self._try(*extra)
+        self._choose()
+        self._confirm()
+        if self.consumer is not None:
+            self.consumer_alone = consumer_rate(self.consumer, batch, self.loader.batch_size)
+
+    @property
+    def all_trials(self) -> list[Trial]:
+        """Your settings first, then the alternatives in the order measured."""
+        return [t for t in [self.baseline, *self.trials] if t is not None]
+
+    def measured(self) -> list[Trial]:
+        return [t for t in self.all_trials if t.measured]
+
+    def _trial(
+        self, cfg: LoaderConfig, why: str, consumer: Consumer | None, *, fatal: bool = False
+    ) -> Trial:
+        try:
+            m = measure(
+                self.loader,
+                cfg,
+                seconds=self.seconds,
+                windows_count=3,
+                timeout_s=self.timeout_s,
+                consumer=consumer,
+                machine=self.facts,
+            )
+        except (WorkerKilledError, PipelineTimeoutError) as exc:
+            if fatal:
+                raise
+            return Trial(cfg, why, error=str(exc))  # this many workers may be what kills it
+        return Trial.of(m, why)
+
+    def _try(self, cfg: LoaderConfig, why: str) -> None:
+        space = self._space()
+        skip = predict_over_budget(space, self.measured(), cfg)
+        trial = Trial(cfg, why, skipped=skip) if skip else self._trial(cfg, why, self.consumer)
+        self.trials.append(trial)
+
+    def _space(self) -> Space:
+        return space_for(self.facts, self.config, consumer=self.consumer is not None)
+
+    def _with(self, workers: int) -> LoaderConfig:
+        base = self.config
+        pf = base.prefetch_factor if base.num_workers else None
+        return LoaderConfig(workers, base.pin_memory, pf, workers > 0, base.in_order)
+
+    def _alternatives(self) -> list[tuple[LoaderConfig, str]]:
+        cpus, mine = self.facts.cpus_usable, self.config.num_workers
+        out = []
+        if mine != 0:
+            out.append((self._with(0), "no workers"))
+        if mine != cpus:
+            out.append((self._with(cpus), f"one worker per usable CPU ({cpus})"))
+        return out
+
+    def _latency_probe(self) -> tuple[LoaderConfig, str] | None:
+        """Twice the most workers tried, when those mostly wait and are the fastest so far."""
+        measured = self.measured()
+        top = fastest(measured)
+        most = max((t.config.num_workers for t in measured), default=0)
+        if top is None or top.config.num_workers != most or most == 0:
+            return None
+        if bottleneck(top, self.facts.cpus_usable) != "latency":
+            return None
+        if self.consumer is not None and covers(top):
+            return None
+        more = min(2 * most, LATENCY_CAP)
+        why = f"workers at {most} mostly wait ({top.worker_cpu_mean:.0%} CPU each)"
+        return (self._with(more), why) if more > most else None
+
+    def _choose(self) -> None:
+        space = self._space()
+        self.best = choose(space, self.measured())
+
+    def _confirm(self) -> None:
+        """Before claiming a better worker count, measure it and yours again, interleaved."""
+        if self.worker_count_finding() is None or self.best is None or self.baseline is None:
+            return
+        for t in (self.best, self.baseline):
+            again = self._trial(t.config, "measured again, side by side", self.consumer)
+            if t.stall_fraction is not None and again.stall_fraction is not None:
+                t.stall_fraction = (t.stall_fraction + again.stall_fraction) / 2
+            t.pool(again)
+        self._choose()
+
+    def worker_count_finding(self) -> Finding | None:
+        """Too few or too many workers, against the best measured (with a consumer: the fewest
+        that keep it fed)."""
+        if self.baseline is None or self.best is None:
+            return None
+        if self.consumer is not None:
+            return consumer_worker_finding(self.baseline, self.best)
+        return worker_count_finding(self.baseline, self.best)
+
+    def subject(self) -> tuple[Trial | None, Pace | None, Trial | None]:
+        """The run the bottleneck is read from, the consumer's pace, and a faster run without
+        workers to compare with. Without a consumer: the best configuration (the pipeline at its
+        best); when that has no workers, your settings (or the fastest with workers) against it,
+        which tells why workers do not pay. With a consumer: your settings, with each side
+        measured alone."""
+        if self.consumer is not None:
+            if self.baseline is None or not self.baseline.measured:
+                return None, None, None
+            uses_cpu = self.consumer.kind == "step"
+            pace = Pace(self.baseline, self.loader_alone, self.consumer_alone, uses_cpu)
+            return self.baseline, pace, None
+        best = self.best
+        if best is None or best.config.num_workers > 0:
+            return best, None, None
+        with_workers = [t for t in self.measured() if t.config.num_workers > 0]
+        mine = [t for t in with_workers if t is self.baseline]
+        other = mine[0] if mine else fastest(with_workers)
+        if other is None:
+            return best, None, None
+        if beats(best, other):
+            return other, None, best
+        # No workers is only within the noise: what the workers show, unless they show an
+        # idle wait that more workers would fill (then workers would have been faster).
+        kind = classify(other, self.facts.cpus_usable, self.loader.batch_size)
+        return (best if kind in ("latency", "unknown") else other), None, None
+
+    def bottleneck_finding(self) -> Finding | None:
+        subject, pace, no_workers = self.subject()
+        if subject is None or not subject.measured:
+            return None
+        consumer = self.consumer is not None
+        cpus, batch_size = self.facts.cpus_usable, self.loader.batch_size
+        return bottleneck_finding(
+            subject, cpus, consumer, batch_size=batch_size, pace=pace, no_workers=no_workers
+        )
+
+    def bottleneck_kind(self) -> str:
+        subject, pace, no_workers = self.subject()
+        if subject is None or not subject.measured:
+            return ""
+        cpus, batch_size = self.facts.cpus_usable, self.loader.batch_size
+        return bottleneck_kind(subject, cpus, batch_size, pace, no_workers)
