@@ -1,10 +1,11 @@
-# `make demo`: set up and tune the bundled image pipeline. `make test`: set up, lint, type-check, test.
+# `make demo`: set up and tune the bundled image pipeline. `make test`: set up, lint, type-check,
+# build the docs, test.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-compare bench-quick clean
+.PHONY: demo test lint docs bench bench-compare bench-quick clean
 
 $(STAMP): pyproject.toml requirements/dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +21,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests examples benchmarks
 	$(BIN)/mypy
 
-test: lint
+# The user guide (docs/, mkdocs.yml), built with warnings as errors: a broken link or a
+# docstring the API pages cannot read fails the tests.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

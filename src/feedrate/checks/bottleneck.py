@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import (
     LABELS,
@@ -175,3 +175,40 @@ def bottleneck_finding(
         f"{LABELS[kind]}: {_evidence(subject, cpus, kind, batch_size)}"
     )
     return Finding("bottleneck", "info", message, helps)
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="bottleneck",
+        title="What limits the pipeline",
+        means=(
+            "What limits this pipeline's rate, as one kind of one vocabulary: `no-workers`, "
+            "`main-process`, `cpu`, `latency`, `ipc`, `consumer`, `contention`, `uneven` or "
+            "`unknown`. It is not a problem in itself: it says which lever can help and which "
+            "cannot."
+        ),
+        evidence=(
+            "From `tune` (the recommended configuration) and `doctor` (your settings and the "
+            "alternatives it measured): where the CPU time went over the measured windows, that is "
+            "the main process's share of a core, the workers' CPU in total and each, and the time "
+            "they spent queued for a CPU (Linux schedstat), against the usable CPUs; the bytes per "
+            "second of batches crossing shared memory; a run without workers, where one was "
+            "measured. With a consumer: the loader alone, the consumer alone and the two together, "
+            "and the share of time the consumer waited for data."
+        ),
+        fix=(
+            "The finding's own fix line, by kind: `no-workers` keep `num_workers=0` (cheaper "
+            "per-batch work or bigger batches for more speed); `main-process` a `collate_fn` that "
+            "builds one tensor, smaller batches through shared memory, or fewer, larger samples; "
+            "`cpu` more CPUs, cheaper per-sample work, or fewer threads per worker; `latency` more "
+            "workers or threads inside workers, or a local cache of the remote data; `ipc` fewer "
+            "bytes per batch (`uint8` instead of `float32`, crop, decode or normalize on the "
+            "accelerator); `consumer` a faster training step, the loader has headroom; "
+            "`contention` leave CPUs to the training step or run it on the accelerator; `uneven` a "
+            "deeper queue (`prefetch_factor=4`) or one more worker; `unknown` measure with a "
+            "consumer (`--rate`, `--step-time` or `--step`)."
+        ),
+        severity="info",
+    ),
+)

@@ -11,7 +11,7 @@ warning, not an error).
 from __future__ import annotations
 
 from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, FindingDoc
 from feedrate.units import size
 
 MiB = 2**20
@@ -201,3 +201,98 @@ def thread_finding(
         f"in worker_init_fn: {'; '.join(fixes)}"
         + (f"; and set {', '.join(env)}=1 (or unset them)" if env else ""),
     )
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="copy-on-read",
+        title="Worker memory grows with Python objects",
+        means=(
+            "The dataset holds large containers of Python objects (lists or dicts of records). "
+            "Reading a Python object writes its reference count, so every worker gradually copies "
+            "the memory pages of the objects it touches: memory grows in every worker, up to a "
+            "copy of the containers each."
+        ),
+        evidence=(
+            "From `doctor`, and from `tune` when the dataset holds such containers: the containers "
+            "found on the dataset (attribute, type, items, approximate objects and bytes) and each "
+            "worker's USS early and late in a run of your loader with 2 workers; reported when the "
+            "workers' mean growth reaches a quarter of the containers' size, but at least 4 MiB "
+            "and at most 16 MiB."
+        ),
+        fix=(
+            "Hold the data in arrays, not Python objects: `np.array(...)` for numbers and "
+            "fixed-width strings, an Arrow table, or the records pickled into one `np.uint8` "
+            "buffer plus an offsets array."
+        ),
+        severity="warning",
+    ),
+    FindingDoc(
+        id="iterable-duplicates",
+        title="An IterableDataset repeats itself in every worker",
+        means=(
+            "An `IterableDataset` that does not split its stream between workers: every worker "
+            "runs the same `__iter__`, so each sample arrives once per worker per epoch."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: the `IterableDataset` run in 2 workers (at most 32 items "
+            "each), the items hashed by content; reported when each worker yielded at least 4 "
+            "distinct items and at least half of the fewer distinct items are shared by both."
+        ),
+        fix=(
+            "In `__iter__`: `info = torch.utils.data.get_worker_info()`; yield only the items `i` "
+            "with `i % info.num_workers == info.id` (or give each worker its own files or shards)."
+        ),
+        severity=(
+            "error with `num_workers` ≥ 2 (the duplicates happen now); warning with fewer (they "
+            "would with 2 or more)"
+        ),
+    ),
+    FindingDoc(
+        id="shared-rng",
+        title="Every worker draws the same random numbers",
+        means=(
+            "The dataset holds its own random generator (numpy's, `random.Random` or a "
+            "`torch.Generator`), created before the workers start. Each worker gets a copy in the "
+            "same state, so all workers produce the same 'random' augmentations, and without "
+            "`persistent_workers` each epoch repeats the last."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: inside 2 workers, right after `worker_init_fn`, one draw "
+            "from each generator found on the dataset; reported when every worker drew the same "
+            "value."
+        ),
+        fix=(
+            "Seed it per worker: `def worker_init_fn(worker_id): ds = "
+            "torch.utils.data.get_worker_info().dataset; ds.rng = "
+            "np.random.default_rng(torch.initial_seed())` (the message gives the line for each "
+            "generator found), and `DataLoader(..., worker_init_fn=worker_init_fn)`."
+        ),
+        severity=(
+            "error with `num_workers` ≥ 2; warning with fewer (the same augmentations would come "
+            "with 2 or more)"
+        ),
+    ),
+    FindingDoc(
+        id="thread-oversubscription",
+        title="More compute threads than CPUs",
+        means=(
+            "Each worker may run several compute threads (torch's intra-op pool, OpenCV's, "
+            "`OMP_NUM_THREADS` and the like), and all workers together run far more threads than "
+            "there are usable CPUs: they preempt one another and the main process."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: read inside the workers after `worker_init_fn`, torch's "
+            "thread count, OpenCV's, and `OMP_NUM_THREADS`, `MKL_NUM_THREADS`, "
+            "`OPENBLAS_NUM_THREADS`, `NUMEXPR_NUM_THREADS`; reported when a worker may run 2 or "
+            "more and workers × threads is at least twice the usable CPUs; with the OS threads "
+            "each worker ran while loading, where measured."
+        ),
+        fix=(
+            "In `worker_init_fn`: `torch.set_num_threads(1)` (and `cv2.setNumThreads(1)` where "
+            "OpenCV is used); set the thread variables to 1, or unset them."
+        ),
+        severity="warning",
+    ),
+)

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from feedrate.loader.config import LoaderConfig
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.trial import Trial
 from feedrate.search.space import (
     FDS_BASE,
@@ -133,3 +133,100 @@ def fd_limit_finding(
         f"ulimit -n {max(4096, 2 ** math.ceil(math.log2(need * 2)))}, or "
         'torch.multiprocessing.set_sharing_strategy("file_system")',
     )
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="pin-memory-no-accelerator",
+        title="pin_memory without an accelerator",
+        means=(
+            "`pin_memory=True` on a machine without an accelerator. Pinned (page-locked) memory "
+            "only speeds copies to a GPU; here the pin-memory thread spends main-process CPU and "
+            "locks RAM for nothing."
+        ),
+        evidence=(
+            "From `tune` and `doctor`: your loader's `pin_memory`, and no CUDA or MPS device "
+            "visible to torch."
+        ),
+        fix="`DataLoader(..., pin_memory=False)`",
+        severity="warning",
+    ),
+    FindingDoc(
+        id="cpu-quota",
+        title="The container's CPU quota is below the CPU count",
+        means=(
+            "The container's CPU quota (cgroup) is below the CPU count `os.cpu_count()` reports. "
+            "Rules that size workers from the CPU count, DataLoader's own suggestion among them, "
+            "start too many workers, which then compete for the quota."
+        ),
+        evidence=(
+            "From the machine facts (`feedrate env`): the cgroup (v1 or v2) CPU quota against "
+            "`os.cpu_count()`."
+        ),
+        fix=(
+            "Size workers from the usable CPUs (`feedrate env` shows them: the smaller of the "
+            "affinity and the quota), or let `feedrate tune` measure."
+        ),
+        severity="warning",
+    ),
+    FindingDoc(
+        id="pin-memory-unused",
+        title="An accelerator, and pin_memory off",
+        means=(
+            "An accelerator is present and `pin_memory` is off: batches are copied from pageable "
+            "memory, which is slower and cannot overlap compute (`non_blocking` copies need pinned "
+            "memory)."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: the machine's accelerator, your loader's `pin_memory`, and "
+            "the bytes of a real batch. This check does not measure the copy; `tune`'s "
+            "`pin-memory-measured` does, end to end, and `feedrate transfer` times the copies."
+        ),
+        fix="`DataLoader(..., pin_memory=True)` and `batch.to(device, non_blocking=True)`",
+        severity="warning for batches of 1 MiB or more; info for smaller ones",
+    ),
+    FindingDoc(
+        id="shm-too-small",
+        title="/dev/shm is too small for the batches in flight",
+        means=(
+            "`/dev/shm`, where workers hand batches to the main process, is too small for the "
+            "batches the settings keep in flight (`num_workers` × `prefetch_factor` of them). A "
+            "worker that cannot write its batch dies of a bus error (SIGBUS). Docker's default of "
+            "64 MiB is a common cause."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: the free (and total) size of `/dev/shm` against a real "
+            "batch's bytes × `num_workers` × `prefetch_factor`, with 1.5× headroom; checked for "
+            "your settings and for the suggested ones."
+        ),
+        fix=(
+            "`docker run --shm-size=Ng` (or `--ipc=host`; on Kubernetes an `emptyDir` with "
+            "`medium: Memory` at `/dev/shm`), or keep `num_workers` × `prefetch_factor` at most "
+            "the batches that fit (the message gives both numbers)."
+        ),
+        severity=(
+            "error when the batches in flight do not fit; warning when they fit without the 1.5× "
+            "headroom"
+        ),
+    ),
+    FindingDoc(
+        id="fd-limit",
+        title="Close to the open-file limit",
+        means=(
+            "Under the `file_descriptor` sharing strategy every tensor of every batch in flight "
+            "holds an open file in the main process. With the open-file limit (`ulimit -n`) near "
+            "what your settings need, loading fails with 'Too many open files'."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: the soft `RLIMIT_NOFILE` and the sharing strategy "
+            "(`feedrate env`), against about 64 + `num_workers` × (4 + `prefetch_factor` × tensors "
+            "per batch) files, the tensors counted in a real batch (4 when unknown)."
+        ),
+        fix=(
+            "Raise the limit (`ulimit -n`, the message gives a number, at least 4096), or "
+            '`torch.multiprocessing.set_sharing_strategy("file_system")`.'
+        ),
+        severity="error when the files needed exceed the limit; warning above 80% of it",
+    ),
+)

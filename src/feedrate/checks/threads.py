@@ -4,7 +4,7 @@ measured better but not allowed, or chosen. Pure functions of the trials and the
 from __future__ import annotations
 
 from feedrate.results.evidence import ThreadCheck
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.trial import Trial
 from feedrate.search.space import Space, beats, fastest, threaded
 from feedrate.units import size as human_bytes
@@ -68,3 +68,67 @@ def thread_findings(
             )
         )
     return found
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="threads-chosen",
+        title="The recommendation fetches on threads",
+        means=(
+            "The recommendation fetches each batch's samples on threads inside each worker "
+            "(`feedrate.threaded`): they overlap the pipeline's waits with fewer processes and "
+            "less memory."
+        ),
+        evidence=(
+            "From `tune --threads`: the threaded configuration measured best, its worker memory, "
+            "and the thread-safety check's result (samples fetched on threads matched the same "
+            "samples fetched one by one, or, for a dataset that never returns the same sample "
+            "twice, no unsafe objects were found)."
+        ),
+        fix=(
+            "Keep `__getitem__` safe to call from several threads at once: no shared open file, "
+            "database handle or random generator on the dataset."
+        ),
+        severity="info",
+    ),
+    FindingDoc(
+        id="threads-unsafe",
+        title="Threads could help, but are not safe here",
+        means=(
+            "Threads inside workers could overlap this pipeline's waits, but the thread-safety "
+            "check failed, so no threaded configuration was measured or recommended."
+        ),
+        evidence=(
+            "From `tune`, where the workers mostly wait: objects on the dataset that threads must "
+            "not share (an open file, an h5py, LMDB or sqlite3 handle, a random generator the "
+            "dataset holds), a fetch on threads that raised, or a sample that came out different "
+            "on threads than fetched one by one (up to 32 samples, for a deterministic dataset)."
+        ),
+        fix=(
+            "Open such handles per thread (`threading.local()`) or per worker (`worker_init_fn`), "
+            "draw random numbers from torch's or numpy's global generators, then tune again with "
+            "`--threads`."
+        ),
+        severity="warning",
+    ),
+    FindingDoc(
+        id="threads-would-help",
+        title="Threads measured better, but were not allowed",
+        means=(
+            "A configuration with threads inside workers measured faster than the recommendation, "
+            "or as fast on at most half its worker memory, but threads need a thread-safe "
+            "`__getitem__`, so `tune` recommends them only with `--threads`."
+        ),
+        evidence=(
+            "From `tune` without `--threads`: the threaded configuration measured after the "
+            "search, its samples/s and worker memory (USS) against the recommendation's, and the "
+            "thread-safety check's result."
+        ),
+        fix=(
+            "`feedrate tune TARGET --threads`, or in code `DataLoader(feedrate.threaded(dataset, "
+            "T), num_workers=W, ...)` with the T and W the message gives."
+        ),
+        severity="warning",
+    ),
+)

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from feedrate.loader.config import LoaderConfig
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.transfer import SizeFigures
 from feedrate.results.trial import Trial
 from feedrate.search.space import beats
@@ -140,3 +140,98 @@ def bandwidth_findings(sizes: list[SizeFigures], batch_bytes: int | None = None)
             )
         )
     return out
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="pin-memory-measured",
+        title="pin_memory measured both ways on the accelerator",
+        means=(
+            "With an accelerator, `tune` measured its answer with `pin_memory` on and off, the "
+            "loop copying every batch to the device as training does, and says whether pinned "
+            "memory with `non_blocking` copies is faster end to end."
+        ),
+        evidence=(
+            "From `tune` on a machine with CUDA or MPS: the recommended configuration and the same "
+            "with `pin_memory` flipped, each measured end to end; pinning counts as faster only "
+            "when its gain beats the noise; on CUDA the copy's device time per batch both ways, "
+            "from CUDA events."
+        ),
+        fix=(
+            'The copy line for your training loop: `batch = batch.to("cuda", non_blocking=True)` '
+            "when pinning paid (with `pin_memory=True`), `non_blocking=False` when it did not."
+        ),
+        severity="info",
+    ),
+    FindingDoc(
+        id="pinned-copies-faster",
+        title="Pinned copies are faster here",
+        means=(
+            "`feedrate transfer` measured host-to-device copies from pinned memory clearly faster "
+            "than from pageable memory, and only pinned copies can be `non_blocking`."
+        ),
+        evidence=(
+            "From `feedrate transfer`: the median host-to-device bandwidth (GB/s) from pinned and "
+            "from pageable memory at the size nearest the batch's (the largest size measured when "
+            "the batch is unknown); reported when pinned is more than 10% faster."
+        ),
+        fix="`DataLoader(..., pin_memory=True)` and `batch.to(device, non_blocking=True)`",
+        severity="info",
+    ),
+    FindingDoc(
+        id="pinned-copies-no-faster",
+        title="Pinned copies are no faster here",
+        means=(
+            "`feedrate transfer` measured pinned copies not clearly faster than pageable ones: "
+            "pinning would lock RAM for little gain."
+        ),
+        evidence=(
+            "From `feedrate transfer`: the same bandwidths as for `pinned-copies-faster`, pinned "
+            "within 10% of pageable."
+        ),
+        fix=(
+            "Keep `pin_memory=False` unless a tune with the copy to the device "
+            "(`pin-memory-measured`) says otherwise."
+        ),
+        severity="info",
+    ),
+    FindingDoc(
+        id="pinned-memory",
+        title="How much memory pin_memory locks",
+        means=(
+            "With `pin_memory=True` DataLoader holds every batch in flight in pinned (page-locked) "
+            "memory, which the OS cannot swap or reclaim. This says how much, and warns when it is "
+            "more than 10% of the machine's memory."
+        ),
+        evidence=(
+            "From `tune` with an accelerator: the recommended configuration's batch bytes × "
+            "(`num_workers` × `prefetch_factor` + 1), the batches the workers have ready and the "
+            "one the loop holds, against the memory limit (or the total memory)."
+        ),
+        fix=(
+            "Over 10%: a shallower queue, `DataLoader(..., prefetch_factor=N)` with N half the "
+            "current one (the message gives it). Otherwise none needed."
+        ),
+        severity="warning over 10% of memory; info otherwise",
+    ),
+    FindingDoc(
+        id="pinning-costs",
+        title="Pinning each batch costs more than reusing a buffer",
+        means=(
+            "`feedrate transfer` measured pinning a fresh tensor (what DataLoader's pin-memory "
+            "thread does for every batch, in the main process) at more than twice the cost of "
+            "copying it into a pinned buffer kept between batches."
+        ),
+        evidence=(
+            "From `feedrate transfer`: the median time of `tensor.pin_memory()` against a copy "
+            "into a kept pinned buffer, at the batch's size (or the largest measured); reported "
+            "when pinning takes more than twice as long, and more than 0.1 ms."
+        ),
+        fix=(
+            "With a CPU-bound main process, reuse a pinned buffer (`buf.copy_(batch); "
+            "buf.to(device, non_blocking=True)`) instead of `pin_memory=True`."
+        ),
+        severity="info",
+    ),
+)

@@ -9,7 +9,7 @@ from typing import Any
 from feedrate.checks.bottleneck import bottleneck_finding
 from feedrate.checks.machine import cpu_quota_finding, pin_memory_finding
 from feedrate.checks.workers import startup_finding, worker_count_finding, workers_past_cpus_finding
-from feedrate.results.findings import Finding, by_severity
+from feedrate.results.findings import Finding, FindingDoc, by_severity
 from feedrate.results.trial import Trial
 from feedrate.search.space import Space
 
@@ -58,3 +58,50 @@ def tune_findings(
         skipped_finding(trials),
     ]
     return by_severity([f for f in found if f is not None])
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="budget-limited",
+        title="Configurations skipped as over a budget",
+        means=(
+            "The search did not start some configurations because it predicted they would exceed a "
+            "budget: the memory the workers may use, the `/dev/shm` the batches in flight need, "
+            "the open files, or (with an accelerator) the pinned memory. The answer is the best of "
+            "those that fit."
+        ),
+        evidence=(
+            "From `tune`: how many configurations were skipped, and the first with its prediction, "
+            "made from what the trials so far measured: the main process's memory plus the largest "
+            "worker's (USS) times the workers, against half the available memory (or "
+            "`--memory-limit`); the batch's bytes × `num_workers` × `prefetch_factor` × 1.5, "
+            "against half the free `/dev/shm`; the open files the `file_descriptor` sharing "
+            "strategy would hold, against 80% of the soft limit; the pinned memory in flight, "
+            "against 10% of the machine's memory."
+        ),
+        fix=(
+            "Raise the budget if you want them tried: `--memory-limit` (`tune(memory_limit=...)`), "
+            "more memory or a larger `/dev/shm` for the container (`docker run --shm-size=...`), "
+            "or `ulimit -n`."
+        ),
+        severity="info",
+    ),
+    FindingDoc(
+        id="check-failed",
+        title="A check could not finish",
+        means=(
+            "One of the doctor's steps (the look inside 2 workers, the `IterableDataset` duplicate "
+            "run, the memory run, the throughput measurement) could not finish, so the findings it "
+            "would have given are missing. The other findings stand."
+        ),
+        evidence=(
+            "From `doctor`: the step's own error (the pipeline's exception with its sample index, "
+            "a worker killed by a signal, no batch within `--timeout`) and the later steps not run "
+            "because of it: once the pipeline itself has failed, the steps that would run it again "
+            "are skipped."
+        ),
+        fix="Fix the cause the message names and run `feedrate doctor` again.",
+        severity="warning",
+    ),
+)

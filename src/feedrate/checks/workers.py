@@ -4,7 +4,7 @@ purpose, restarts every epoch, a data stall, a machine too busy to trust. Pure f
 
 from __future__ import annotations
 
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.trial import Trial
 from feedrate.search.advice import judge_persistent
 from feedrate.search.space import STALL_MARGIN, beats, covers
@@ -163,3 +163,118 @@ def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
         "measure again on a quiet machine, or give the job CPUs of its own (taskset, cpusets, "
         "a container's --cpuset-cpus)",
     )
+
+
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+DOCS = (
+    FindingDoc(
+        id="too-few-workers",
+        title="Your num_workers is too low",
+        means=(
+            "Your `num_workers` is below a count that measured better: without a consumer, fewer "
+            "than the fastest; with one, too few to keep it fed."
+        ),
+        evidence=(
+            "From `tune` and `doctor`: your settings and the better count, measured again side by "
+            "side; the samples/s of each and the samples/s lost; with a consumer, the share of "
+            "time it waited for data at each. Reported only when the gain beats the noise."
+        ),
+        fix="`DataLoader(..., num_workers=N)` with the count the message gives.",
+        severity="warning",
+    ),
+    FindingDoc(
+        id="too-many-workers",
+        title="Your num_workers is too high",
+        means=(
+            "Your `num_workers` is above a count that measured better: without a consumer, fewer "
+            "workers were faster (they competed for the CPUs, or the copies between processes cost "
+            "more than they saved); with one, fewer workers keep it fed as well, for less memory "
+            "and start-up."
+        ),
+        evidence=(
+            "From `tune` and `doctor`: your settings and the better count, measured again side by "
+            "side; without a consumer, the samples/s lost (only when the gain beats the noise); "
+            "with one, the stall at each and the memory saved."
+        ),
+        fix="`DataLoader(..., num_workers=N)` with the count the message gives.",
+        severity=(
+            "warning without a consumer (samples/s are lost); info with one (only memory and "
+            "start-up are at stake)"
+        ),
+    ),
+    FindingDoc(
+        id="workers-past-cpus",
+        title="More workers than CPUs, on purpose",
+        means=(
+            "The recommendation uses more workers than usable CPUs because more of them measured "
+            "faster, usually because they mostly wait (on storage or the network). DataLoader "
+            "warns about any count above its suggested maximum; that warning is a rule of thumb, "
+            "this count was measured."
+        ),
+        evidence=(
+            "From `tune`: the recommended count against the usable CPUs, its samples/s against "
+            "your settings', and each worker's CPU use."
+        ),
+        fix=(
+            "`loader = result.loader()` (a rebuilt loader that does not warn), or "
+            "`feedrate.allow_many_workers(your_loader)` to drop the warning from a loader you "
+            "built."
+        ),
+        severity="info",
+    ),
+    FindingDoc(
+        id="startup-cost",
+        title="Workers restart every epoch at a measured cost",
+        means=(
+            "Your workers restart every epoch (`persistent_workers=False`), and starting them "
+            "costs a measurable share of the epoch."
+        ),
+        evidence=(
+            "From `tune` and `doctor`: the time each later epoch waited for its first batch (else "
+            "the start-up to the first batch) against the epoch's length at the measured rate; "
+            "reported from 1 s or 1% of an epoch. The doctor adds the likely cause when it sees "
+            "one: a slow `worker_init_fn`, or the `spawn` or `forkserver` start method (every "
+            "worker imports your modules and unpickles the dataset)."
+        ),
+        fix="`DataLoader(..., persistent_workers=True)`",
+        severity="warning from 5% of an epoch; info below",
+    ),
+    FindingDoc(
+        id="data-stall",
+        title="The consumer waits for data",
+        means=(
+            "With a consumer (`--rate`, `--step-time` or `--step`), your settings leave it waiting "
+            "for data more than 5% of the time: the accelerator, or the training step, idles while "
+            "the loader catches up."
+        ),
+        evidence=(
+            "From `doctor` with a consumer: at your settings, the share of the loop's time spent "
+            "in `next()` waiting for a batch, and the samples/s that reached the consumer. Not "
+            "reported when `too-few-workers` already says it."
+        ),
+        fix=(
+            "What helps the bottleneck found (the `bottleneck` finding's fix); `feedrate tune "
+            "TARGET --rate R` finds the fewest workers that keep a consumer of R samples/s fed."
+        ),
+        severity="warning",
+    ),
+    FindingDoc(
+        id="busy-machine",
+        title="Other processes kept the CPUs busy",
+        means=(
+            "Other processes kept CPUs busy while the pipeline was measured. The rates are lower "
+            "and noisier than on a quiet machine, and the worker count that measured best is the "
+            "best for a machine that busy."
+        ),
+        evidence=(
+            "From `doctor`: the machine's busy CPUs (all processes) less the pipeline's own (main "
+            "process and workers), averaged over the configurations measured; reported from 0.5 "
+            "CPUs or a quarter of the usable CPUs, whichever is more."
+        ),
+        fix=(
+            "Measure again on a quiet machine, or give the job CPUs of its own (`taskset`, "
+            "cpusets, a container's `--cpuset-cpus`)."
+        ),
+        severity="info",
+    ),
+)

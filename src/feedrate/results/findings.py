@@ -33,3 +33,18 @@ class Finding:
 def by_severity(findings: list[Finding]) -> list[Finding]:
     """Most important first; the order within a severity is kept."""
     return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))
+
+
+@dataclass(frozen=True)
+class FindingDoc:
+    """One finding id, documented: a short ``title``; what it ``means``; the ``evidence`` it
+    rests on (which command reports it and from what measurement or fact); the ``fix``; and the
+    ``severity`` it is reported with (``error``, ``warning`` or ``info``, with the condition
+    where it depends on one)."""
+
+    id: str
+    title: str
+    means: str
+    evidence: str
+    fix: str
+    severity: str
