@@ -15,15 +15,20 @@ def test_none_without_options() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"rate": 0.0}, "--rate must be positive"),
-        ({"rate": -5.0}, "--rate must be positive"),
-        ({"step_time": 0.0}, "--step-time must be positive"),
+        ({"rate": 0.0}, "rate must be a positive number"),
+        ({"rate": -5.0}, "rate must be a positive number"),
+        ({"rate": float("nan")}, "rate must be a positive number"),
+        ({"rate": float("inf")}, "rate must be a positive number"),
+        ({"step_time": 0.0}, "step_time must be a positive number"),
+        ({"step_time": float("inf")}, "step_time must be a positive number"),
         ({"rate": 10.0, "step_time": 1.0}, "at most one"),
     ],
 )
 def test_bad_options_are_named(kwargs: dict[str, float], message: str) -> None:
-    with pytest.raises(UserError, match=message):
+    # The library speaks its own names (rate, step_time); the command line says --rate.
+    with pytest.raises(UserError, match=message) as info:
         make_consumer(**kwargs)
+    assert set(info.value.params) <= {"rate", "step_time", "step"} and info.value.params
 
 
 def test_step_consumer_calls_the_step_with_each_batch() -> None:

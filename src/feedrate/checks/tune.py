@@ -13,17 +13,49 @@ from feedrate.results.findings import Finding, FindingDoc, by_severity
 from feedrate.results.trial import Trial
 from feedrate.search.space import Space
 
+#: The fix for each budget a skipped configuration was predicted to exceed (by the words of
+#: ``search.space.predict_over_budget``'s reasons).
+_RAISE = {
+    "memory": "raise --memory-limit (tune(memory_limit=...)) or the container's memory",
+    "/dev/shm": "give /dev/shm more room (docker run --shm-size=..., or --ipc=host)",
+    "open files": "raise the open-file limit (ulimit -n 65536), or share tensors through "
+    "files: torch.multiprocessing.set_sharing_strategy('file_system')",
+}
+
 
 def skipped_finding(trials: list[Trial]) -> Finding | None:
+    """Configurations not tried because they were predicted to exceed a budget; the fix names
+    the budgets that kept them out, and only those."""
     skipped = [t for t in trials if t.skipped]
     if not skipped:
         return None
     first = skipped[0]
+    fixes = [fix for word, fix in _RAISE.items() if any(word in (t.skipped or "") for t in skipped)]
     return Finding(
         "budget-limited",
         "info",
         f"{len(skipped)} configuration(s) not tried: {first.config.label()}: {first.skipped}",
-        "raise --memory-limit or the container's memory / --shm-size if you want them tried",
+        "; ".join(fixes or ["raise the budget they exceeded"]) + ", if you want them tried",
+    )
+
+
+def failed_trials_finding(trials: list[Trial]) -> Finding | None:
+    """Configurations whose measurement failed (a worker killed, a hang, an error only with
+    workers): the answer was chosen among the others, and this says so."""
+    failed = [t for t in trials if t.error and not t.skipped]
+    if not failed:
+        return None
+    first = failed[0]
+    ran = [t for t in trials if t.measured]
+    workers_ran = any(t.config.num_workers > 0 for t in ran)
+    scope = "" if workers_ran else "; no configuration with workers ran, so the answer is w=0"
+    return Finding(
+        "trials-failed",
+        "warning",
+        f"{len(failed)} of {len(failed) + len(ran)} configurations failed, e.g. "
+        f"{first.config.label()}: {first.error}{scope}",
+        f"feedrate measure TARGET -w {first.config.num_workers} shows the failure in full; "
+        "feedrate doctor TARGET looks for its cause",
     )
 
 
@@ -56,12 +88,33 @@ def tune_findings(
         startup_finding(baseline, epoch_samples),
         cpu_quota_finding(machine),
         skipped_finding(trials),
+        failed_trials_finding(trials),
     ]
     return by_severity([f for f in found if f is not None])
 
 
 #: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
 DOCS = (
+    FindingDoc(
+        id="trials-failed",
+        title="Configurations whose measurement failed",
+        means=(
+            "Some configurations `tune` tried could not be measured: a worker was killed (a "
+            "segmentation fault, the out-of-memory killer), the pipeline hung, or it raised only "
+            "with workers. The answer was chosen among the configurations that ran; when none "
+            "with workers ran, `num_workers=0` is the answer only because nothing else worked."
+        ),
+        evidence=(
+            "From `tune`: each failed trial's error, as its measurement reported it (the "
+            "signal that killed a worker, the time without a batch, the exception)."
+        ),
+        fix=(
+            "`feedrate measure TARGET -w N` with the failed worker count shows the failure in "
+            "full; `feedrate doctor TARGET` looks for its cause (a small `/dev/shm`, an open-file "
+            "limit, a dataset that cannot be used from forked workers)."
+        ),
+        severity="warning",
+    ),
     FindingDoc(
         id="budget-limited",
         title="Configurations skipped as over a budget",

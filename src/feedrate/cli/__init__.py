@@ -7,6 +7,7 @@ measured (``doctor`` prints its report first), 130 interrupted.
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -34,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns feedrate's errors into one-line
     messages and exit statuses, never a traceback for a user mistake."""
     try:
-        with interrupts.stoppable():
+        with interrupts.stoppable(sigterm=True):
             code = cli.main(
                 args=list(argv) if argv is not None else None,
                 prog_name="feedrate",
@@ -44,6 +45,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
+        # The workers are stopped by now; a second Ctrl-C during exit's own clean-up (atexit
+        # handlers) would only print a traceback.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if interrupts.last_signal() == signal.SIGTERM:
+            click.secho("feedrate: terminated", fg="red", err=True)
+            sys.exit(143)
         click.secho("feedrate: interrupted", fg="red", err=True)
         sys.exit(130)
     except FeedrateError as exc:

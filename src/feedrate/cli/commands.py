@@ -13,7 +13,16 @@ import click
 
 from feedrate import __version__
 from feedrate.cli.options import consumer_options, device_option, file_option
-from feedrate.cli.output import TuneProgress, err, load, out, show_tune, write_json
+from feedrate.cli.output import (
+    TuneProgress,
+    check_outputs,
+    err,
+    human,
+    load,
+    out,
+    show_tune,
+    write_json,
+)
 from feedrate.errors import PipelineError, UserError
 from feedrate.units import parse_size, parse_sizes
 
@@ -35,8 +44,9 @@ def env(json_path: Path | None) -> None:
     from feedrate.machine import facts as machine
     from feedrate.render import console as render
 
+    check_outputs(None, json=json_path)
     facts = machine.collect()
-    out.print(render.machine_table(facts))
+    human(json_path).print(render.machine_table(facts))
     if json_path is not None:
         write_json(json_path, {"schema": "feedrate.env/1", "machine": facts.to_dict()})
 
@@ -114,6 +124,7 @@ def measure(
 
     if persistent_workers and num_workers == 0:
         raise UserError("--persistent-workers needs workers (-w 1 or more)")
+    check_outputs(target, json=json_path)
     loader = load(target)
     own = config_of(loader)
     workers = own.num_workers if num_workers is None else num_workers
@@ -136,7 +147,7 @@ def measure(
             target=target,
             device=device,
         )
-    out.print(render.measurement(result))
+    human(json_path).print(render.measurement(result))
     if json_path is not None:
         write_json(json_path, result.to_dict())
 
@@ -189,6 +200,7 @@ def tune(
     from feedrate.loader.target import load_step
     from feedrate.workflows.tune import tune as run_tune
 
+    check_outputs(target, json=json_path, plot=plot_path, html=html_path)
     limit = parse_size(memory_limit, "memory_limit") if memory_limit is not None else None
     loader = load(target)
     step = load_step(step_spec) if step_spec else None
@@ -261,6 +273,7 @@ def doctor(
     from feedrate.workflows.doctor import wanted_checks
 
     wanted_checks(check_ids or None)
+    check_outputs(target, json=json_path)
     loader = load(target)
     step = load_step(step_spec) if step_spec else None
     with err.status(f"doctor: examining {target} …", spinner="dots") as status:
@@ -276,7 +289,7 @@ def doctor(
             target=target,
             progress=lambda name: status.update(f"doctor: {_STEP_NAMES.get(name, name)} …"),
         )
-    out.print(render.doctor_report(report))
+    human(json_path).print(render.doctor_report(report))
     if json_path is not None:
         write_json(json_path, report.to_dict())
     if report.pipeline_error is not None:
@@ -307,10 +320,11 @@ def transfer(sizes: str, repeats: int, device: str, json_path: Path | None) -> N
     from feedrate.render import console as render
     from feedrate.workflows.transfer import transfer as run_transfer
 
+    check_outputs(None, json=json_path)
     byte_sizes = parse_sizes(sizes)
     with err.status(f"timing copies to {device} …", spinner="dots"):
         result = run_transfer(byte_sizes, repeats=repeats, device=device)
-    out.print(render.transfer_result(result))
+    human(json_path).print(render.transfer_result(result))
     if json_path is not None:
         write_json(json_path, result.to_dict())
 
@@ -325,25 +339,30 @@ def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> No
     """Render a saved result (from --json) again, without measuring."""
     from feedrate.render import console as render
     from feedrate.results.doctor import Report
-    from feedrate.results.measurement import Measurement
+    from feedrate.results.documents import read
+    from feedrate.results.transfer import TransferResult
     from feedrate.results.tune import TuneResult
 
+    check_outputs(None, plot=plot_path, html=html_path)
     try:
         document = json.loads(run_json.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {run_json}: {exc}") from exc
-    schema = document.get("schema") if isinstance(document, dict) else None
-    if schema == "feedrate.tune/1":
-        show_tune(TuneResult.from_dict(document), None, plot_path, html_path)
-    elif schema in ("feedrate.measure/1", "feedrate.doctor/1"):
-        if plot_path or html_path:
-            raise UserError("--plot and --html render tune results; this is not one")
-        if schema == "feedrate.doctor/1":
-            out.print(render.doctor_report(Report.from_dict(document)))
-        else:
-            out.print(render.measurement(Measurement.from_dict(document)))
+    try:
+        result = read(document)
+    except ValueError as exc:
+        raise UserError(f"{run_json}: {exc}") from exc
+    if isinstance(result, TuneResult):
+        show_tune(result, None, plot_path, html_path)
+        return
+    if plot_path or html_path:
+        raise UserError("--plot and --html render tune results; this is not one")
+    if isinstance(result, Report):
+        out.print(render.doctor_report(result))
+    elif isinstance(result, TransferResult):
+        out.print(render.transfer_result(result))
     else:
-        raise UserError(f"{run_json} is not a feedrate result (schema: {schema!r})")
+        out.print(render.measurement(result))
 
 
 @cli.command()

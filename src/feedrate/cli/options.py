@@ -30,8 +30,9 @@ OPTION_OF = {
 
 
 def file_option(name: str, dest: str, help_text: str) -> Callable[[F], F]:
-    """An option naming a file to write (--json, --plot, --html)."""
-    return click.option(name, dest, type=click.Path(dir_okay=False, path_type=Path), help=help_text)
+    """An option naming a file to write (--json, --plot, --html); ``--json -`` is stdout."""
+    kind = click.Path(dir_okay=False, path_type=Path, allow_dash=name == "--json")
+    return click.option(name, dest, type=kind, help=help_text)
 
 
 def device_option(fn: F) -> F:

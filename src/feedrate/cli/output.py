@@ -16,11 +16,56 @@ from feedrate.render.text import plus_minus, rate
 
 out = Console()
 err = Console(stderr=True)
+#: ``--json -``: the document goes to stdout, and the tables to stderr.
+STDOUT = Path("-")
+
+
+def human(json_path: Path | None) -> Console:
+    """Where the tables go: stdout, unless the JSON document goes there."""
+    return err if json_path == STDOUT else out
+
+
+def check_outputs(target: str | None, **paths: Path | None) -> None:
+    """Before anything is measured (a run can take minutes): every output file can be written,
+    is not the TARGET's own file nor any existing Python file (a PNG over ``train.py`` would
+    destroy the user's work), and no two outputs share a file. ``paths`` maps option names
+    (``plot``) to the paths given."""
+    location = target.rpartition(":")[0] if target else ""
+    own = Path(location).resolve() if location.endswith(".py") else None
+    seen: dict[Path, str] = {}
+    for name, path in paths.items():
+        if path is None or (name == "json" and path == STDOUT):
+            continue
+        flag = f"--{name}"
+        if path == STDOUT:
+            raise UserError(f"{flag} -: this output is a file; give it a name")
+        resolved = path.resolve()
+        if resolved == own:
+            raise UserError(
+                f"{flag} {path} is the TARGET's own file: feedrate will not overwrite it"
+            )
+        if path.suffix == ".py" and path.exists():
+            raise UserError(
+                f"{flag} {path} is an existing Python file: feedrate will not overwrite it"
+            )
+        folder = resolved.parent
+        if not folder.is_dir():
+            raise UserError(f"{flag} {path}: the folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise UserError(f"{flag} {path}: the folder {folder} is not writable")
+        if resolved in seen:
+            raise UserError(f"{flag} and --{seen[resolved]} name the same file, {path}")
+        seen[resolved] = name
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
+    text = json.dumps(data, indent=2) + "\n"
+    if path == STDOUT:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
     try:
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {path}: {exc.strerror}") from exc
     err.print(f"wrote {path}")
@@ -31,7 +76,7 @@ def show_tune(
 ) -> None:
     from feedrate.render import console as render
 
-    out.print(render.tune_result(result))
+    human(json_path).print(render.tune_result(result))
     if json_path is not None:
         write_json(json_path, result.to_dict())
     if plot_path is not None:

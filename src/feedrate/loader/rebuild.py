@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
+from feedrate.loader.init_args import init_arguments, parameters, recording
 from feedrate.loader.threaded import Threaded, threads_of, unthreaded
 
 #: DataLoader warns when num_workers exceeds the CPU count; feedrate goes there on purpose for
@@ -97,7 +99,8 @@ def rebuild(
     Kept from ``loader``: dataset (unless ``dataset`` replaces it), batch_size, sampler or
     batch_sampler, collate_fn, drop_last, worker_init_fn, generator, timeout,
     multiprocessing_context, and, where this torch has them, in_order and pin_memory_device.
-    The loader's class is kept too when it accepts DataLoader's arguments. The dataset is
+    The loader's own class is built again, from the arguments it was built with (see
+    ``init_args``); where those cannot be known, ``UserError`` says so. The dataset is
     wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says. A
     ``batch_sampler`` given replaces the loader's batching (``autotune`` feeds its own).
     """
@@ -117,12 +120,70 @@ def rebuild(
     for optional in ("in_order", "pin_memory_device"):
         if optional in _LOADER_PARAMS and hasattr(loader, optional) and optional not in kwargs:
             kwargs[optional] = getattr(loader, optional)
-    cls = type(loader)
     with quiet_worker_count_warning():
-        try:
-            return cls(**kwargs)
-        except TypeError:
-            if cls is DataLoader:
-                raise
-            # A subclass with its own constructor: fall back to a plain DataLoader.
+        if type(loader) is DataLoader:
             return DataLoader(**kwargs)
+        return _rebuild_subclass(loader, kwargs, config)
+
+
+#: Constructor arguments that say how indices become batches: the rebuilt loader's own
+#: batching replaces all of them (DataLoader refuses batch_sampler beside the others).
+_BATCHING = frozenset({"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
+
+
+def _rebuild_subclass(
+    loader: DataLoader[Any], kwargs: dict[str, Any], config: LoaderConfig
+) -> DataLoader[Any]:
+    """The user's own class built again: its recorded (or recoverable) arguments, with
+    DataLoader's replaced by ``kwargs``. Refused, never silently replaced by a plain
+    DataLoader, when its arguments cannot be known or it does not take the new settings."""
+    cls = type(loader)
+    name = cls.__qualname__
+    own, missing = init_arguments(loader)
+    if missing:
+        raise UserError(
+            f"cannot rebuild {name} with other settings: its __init__ takes "
+            f"{', '.join(map(repr, missing))}, which feedrate can neither see among the "
+            "arguments it was built with nor find as attributes of the loader. Give feedrate "
+            "a function that builds the loader (TARGET file.py:make_loader, or "
+            "feedrate.tune(make_loader)) so it can record them"
+        )
+    params = parameters(cls)
+    names = {p.name for p in params}
+    open_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    call = {k: v for k, v in own.items() if k not in _BATCHING}
+    for k, v in own.items():  # the dataset under a name of the subclass's own (``data``)
+        if v is loader.dataset and k != "dataset":
+            call[k] = kwargs["dataset"]
+    call.update({k: v for k, v in kwargs.items() if k in names or open_kw})
+    try:
+        new = cls(**call)
+    except TypeError as exc:
+        raise UserError(f"cannot rebuild {name} with other settings: {exc}") from exc
+    wrong = [
+        f"{k}={getattr(new, k, None)!r} (wanted {v!r})"
+        for k, v in config.kwargs().items()
+        if k in _LOADER_PARAMS and getattr(new, k, v) != v
+    ]
+    if new.dataset is not kwargs["dataset"]:
+        wrong.append("another dataset")
+    if "batch_sampler" in kwargs and new.batch_sampler is not kwargs["batch_sampler"]:
+        wrong.append("its own batch_sampler")
+    if wrong:
+        raise UserError(
+            f"cannot rebuild {name} with other settings: built again it has "
+            f"{', '.join(wrong)}, so its __init__ does not pass these to DataLoader"
+        )
+    return new
+
+
+def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLoader[Any]:
+    """``source`` itself, or what the zero-argument function ``source`` builds (recording the
+    arguments of the DataLoader subclasses it makes, so ``rebuild`` can make them again).
+    Raises ``UserError`` when it is not a DataLoader."""
+    if callable(source) and not isinstance(source, DataLoader):
+        with recording():
+            source = source()
+    if not isinstance(source, DataLoader):
+        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(source).__name__}")
+    return source

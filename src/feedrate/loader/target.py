@@ -26,6 +26,7 @@ from typing import Any, Literal, TypeVar
 from torch.utils.data import DataLoader, Dataset
 
 from feedrate.errors import TargetError
+from feedrate.loader.init_args import recording
 
 __all__ = ["TargetKind", "TargetSpec", "load_step", "load_target", "parse_target"]
 
@@ -87,8 +88,9 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
     A file already imported under its stem is reused, not executed again.
     Raises TargetError for every failure; KeyboardInterrupt propagates.
     """
-    target, value = _load_object(spec)
-    return _as_loader(value, target)
+    with recording():  # a DataLoader subclass built meanwhile keeps its arguments (rebuild)
+        target, value = _load_object(spec)
+        return _as_loader(value, target)
 
 
 def _load_object(spec: str | TargetSpec) -> tuple[TargetSpec, object]:

@@ -7,6 +7,7 @@ callable instead (on the CPU, it competes with the workers, which is the point).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ class Consumer:
         )
 
 
+def _positive(value: float) -> bool:
+    """A finite number above 0 (nan and inf are neither a pace nor a mistake to run with)."""
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
 def make_consumer(
     *,
     rate: float | None = None,
@@ -71,13 +77,15 @@ def make_consumer(
             "give at most one of rate, step_time and step", params=("rate", "step_time", "step")
         )
     if rate is not None:
-        if rate <= 0:
-            raise UserError(f"rate must be positive (samples/s), got {rate:g}", params=("rate",))
+        if not _positive(rate):
+            raise UserError(
+                f"rate must be a positive number of samples/s, got {rate:g}", params=("rate",)
+            )
         return Consumer("rate", samples_per_s=rate)
     if step_time is not None:
-        if step_time <= 0:
+        if not _positive(step_time):
             raise UserError(
-                f"step_time must be positive (seconds per batch), got {step_time:g}",
+                f"step_time must be a positive number of seconds per batch, got {step_time:g}",
                 params=("step_time",),
             )
         return Consumer("step-time", step_s=step_time)

@@ -98,10 +98,11 @@ def _event() -> Any:
 
 class Timer:
     """Device time of the work between ``start()`` and ``stop()`` (seconds): CUDA events on
-    the current stream, waited for; elsewhere, the host clock around a device synchronize."""
+    the current stream, waited for; elsewhere, ``clock`` (the host's) around a device
+    synchronize."""
 
-    def __init__(self, dev: torch.device) -> None:
-        self.dev = dev
+    def __init__(self, dev: torch.device, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.dev, self.clock = dev, clock
         self._cuda = dev.type == "cuda"
         self._began = 0.0
         if self._cuda:
@@ -112,7 +113,7 @@ class Timer:
             self._start.record()
         else:
             synchronize(self.dev)
-            self._began = time.perf_counter()
+            self._began = self.clock()
 
     def stop(self) -> float:
         if self._cuda:
@@ -120,7 +121,7 @@ class Timer:
             self._end.synchronize()
             return float(self._start.elapsed_time(self._end)) / 1000.0
         synchronize(self.dev)
-        return time.perf_counter() - self._began
+        return self.clock() - self._began
 
 
 @dataclass
@@ -129,7 +130,7 @@ class DeviceStep:
     memory, as a training loop should) and then hands it to ``inner(batch, samples)`` (a real
     step, or a sleep that stands for one), waiting for the device before it returns: the time
     the loop spends is what the measurement sees. Device time of the copy and of the step add
-    up in ``copy_s`` and ``step_s`` (CUDA events)."""
+    up in ``copy_s`` and ``step_s`` (CUDA events; elsewhere ``clock``, the host's)."""
 
     dev: torch.device
     non_blocking: bool
@@ -137,13 +138,14 @@ class DeviceStep:
     copy_s: float = 0.0
     step_s: float = 0.0
     batches: int = 0
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
     _timers: tuple[Timer, Timer] | None = field(default=None, repr=False)
     _events: tuple[Any, Any, Any] | None = field(default=None, repr=False)
 
     def __call__(self, batch: Any, samples: int) -> None:
         if self.dev.type != "cuda":  # no events: the device is synchronized around each part
             if self._timers is None:
-                self._timers = (Timer(self.dev), Timer(self.dev))
+                self._timers = (Timer(self.dev, self.clock), Timer(self.dev, self.clock))
             copy, step = self._timers
             copy.start()
             on_device = to_device(batch, self.dev, self.non_blocking)

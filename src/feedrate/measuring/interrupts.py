@@ -18,17 +18,33 @@ from contextlib import contextmanager
 from types import FrameType
 
 _seen = False
+_last: int | None = None  # the last signal taken, kept after stoppable() ends
+
+
+_taken = 0  # signals taken while stoppable() is in force
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    global _seen
-    _seen = True
+    """The first signal raises; a second, while that one's clean-up stops the workers, is only
+    remembered (raising again there would cut the clean-up short and print a traceback); a
+    third raises again, for a user who insists."""
+    global _seen, _last, _taken
+    _seen, _last = True, signum
+    _taken += 1
+    if _taken == 2:
+        return
     raise KeyboardInterrupt
 
 
 def _remember(signum: int, frame: FrameType | None) -> None:
-    global _seen
-    _seen = True
+    global _seen, _last
+    _seen, _last = True, signum
+
+
+def last_signal() -> int | None:
+    """The signal that last stopped a run under ``stoppable()`` (SIGINT or SIGTERM), if any:
+    a command line exits 130 for one and 143 for the other."""
+    return _last
 
 
 def check() -> None:
@@ -43,7 +59,7 @@ def stoppable(*, sigterm: bool = False) -> Iterator[None]:
     """Within: SIGINT (and SIGTERM if asked) raises ``KeyboardInterrupt`` and is remembered for
     ``check()``. SIGINT is taken over only where Python's own handler is in place (a program
     with its own is left alone); outside the main thread nothing changes. Nests."""
-    global _seen
+    global _seen, _taken
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -58,7 +74,7 @@ def stoppable(*, sigterm: bool = False) -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         if previous:  # the outermost: what it remembered ends with it
-            _seen = False
+            _seen, _taken = False, 0
 
 
 @contextmanager

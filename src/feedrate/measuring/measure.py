@@ -22,6 +22,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import (
     config_of,
     is_iterable_style,
+    loader_of,
     quiet_worker_count_warning,
     rebuild,
 )
@@ -82,9 +83,7 @@ def measure(
     for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
     returns or raises, Ctrl-C included.
     """
-    user_loader = source() if callable(source) and not isinstance(source, DataLoader) else source
-    if not isinstance(user_loader, DataLoader):
-        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(user_loader).__name__}")
+    user_loader = loader_of(source)
     config = (config or config_of(user_loader)).normalized()
     plan = _plan(config, batches, seconds, windows_count)
     dataset = None
@@ -193,8 +192,7 @@ def _run(
                 consume=consumer,
             )
         except windows.EmptyLoaderError as exc:
-            msg = "the loader yielded no batch: its dataset or sampler is empty"
-            raise PipelineError(msg) from exc
+            raise PipelineError(why_empty(loader)) from exc
         except BaseException as exc:
             quiesce(current["it"], dog)
             error = explain(exc, current["it"])  # before stop_workers, which adds SIGTERMs
@@ -206,6 +204,39 @@ def _run(
             dog.disarm()
             _close(loader, current["it"])
         return timeline, probe.report(), current["nbytes"]
+
+
+def why_empty(loader: DataLoader[Any]) -> str:
+    """Why an epoch yielded no batch, as far as the loader shows: a sampler that can be
+    iterated only once (a generator: an earlier pass used it up), ``drop_last`` dropping the
+    only, incomplete batch, or an empty dataset or sampler."""
+    for name in ("sampler", "batch_sampler"):
+        owner = getattr(loader, name, None)
+        inner = getattr(owner, "sampler", owner)
+        for obj in (owner, inner):
+            if obj is not None and iter_once(obj):
+                return (
+                    f"the loader yielded no batch: its {name} is {type(obj).__name__}, which can "
+                    "be iterated only once (an earlier pass used it up); give DataLoader a "
+                    "Sampler or a list of indices, which every epoch iterates afresh"
+                )
+    size = loader.batch_size
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if loader.drop_last and size and n is not None and 0 < n < size:
+        return (
+            f"the loader yielded no batch: drop_last=True drops the only batch, which is "
+            f"incomplete ({n} samples, batch_size={size}); use drop_last=False or a smaller "
+            "batch_size"
+        )
+    return "the loader yielded no batch: its dataset or sampler is empty"
+
+
+def iter_once(obj: object) -> bool:
+    """An iterator (``iter(obj) is obj``): a second pass over it yields nothing."""
+    return hasattr(obj, "__next__") and callable(getattr(obj, "__iter__", None))
 
 
 def _close(loader: DataLoader[Any], it: object) -> None:

@@ -47,14 +47,12 @@ class TuneResult:
     def loader(self, source: Any = None) -> Any:
         """The user's loader rebuilt with the best settings. A result loaded from JSON needs the
         original loader (or factory) passed in."""
-        from torch.utils.data import DataLoader
-
-        from feedrate.loader.rebuild import allow_many_workers, rebuild
+        from feedrate.loader.rebuild import allow_many_workers, loader_of, rebuild
 
         src = source if source is not None else self._source
         if src is None:
             raise ValueError("this result has no loader attached: pass the original loader")
-        loader = src() if callable(src) and not isinstance(src, DataLoader) else src
+        loader = loader_of(src)
         tuned = rebuild(loader, self.best.config)
         cpus = self.machine.get("cpus_usable")
         if cpus and self.best.config.num_workers > cpus:

@@ -107,6 +107,16 @@ def reason(
             f"{t} requests in flight on threads overlap the waits for a fraction of the "
             f"memory of one process per request{than}."
         )
+    with_workers = [x for x in trials or [] if x.config.num_workers > 0]
+    if (
+        kind == "no-workers"
+        and any(x.error for x in with_workers)
+        and not any(x.measured for x in with_workers)
+    ):
+        return (
+            "Only num_workers=0 could be measured: every configuration with workers failed "
+            "(see the trials-failed finding), so this is no verdict on workers."
+        )
     if kind == "no-workers":
         return (
             "No workers measured fastest: handing samples to worker processes cost more in "

@@ -200,8 +200,9 @@ def _threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
     t_max, b = space.max_threads, best.config.num_workers
     w = min(b, max(1, math.ceil(2 * b / t_max)))
     why = (
-        f"for the report: {w} workers on {t_max} threads each keep twice the requests in "
-        f"flight of {b} worker processes (threads are recommended only with --threads)"
+        f"for the report: {w} workers on {t_max} threads each keep {w * t_max / b:g}× the "
+        f"requests in flight of {b} worker processes (threads are recommended only with "
+        "--threads)"
     )
     return with_workers(space.baseline, w, threads=t_max), why
 

@@ -1,0 +1,109 @@
+"""Fault injection the tests share: small pipelines that each provoke one thing a user meets
+(a subclass with arguments of its own, a one-shot sampler, a dataset that crashes in workers,
+slow worker start-up, a pipeline that hangs), and helpers to run the command line as a user
+would and to see which processes it left behind. Each fault is a few lines, so a test names the
+fault it provokes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+TESTS = Path(__file__).resolve().parent
+
+#: Every bad input or fault the suite tries, by name, so the testing docs can count them.
+FAULTS: list[str] = []
+
+
+def fault(name: str) -> str:
+    """Register ``name`` as a fault the suite tries; returns it (use as a test's id)."""
+    FAULTS.append(name)
+    return name
+
+
+class Squares(Dataset[torch.Tensor]):
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([float(i * i)])
+
+
+class SlowSquares(Squares):
+    """Squares that take ``sleep_s`` each: workers keep running long enough to be signalled."""
+
+    def __init__(self, n: int = 4096, sleep_s: float = 0.05) -> None:
+        super().__init__(n)
+        self.sleep_s = sleep_s
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.sleep_s)
+        return super().__getitem__(i)
+
+
+class CrashInWorkers(Squares):
+    """Fine in the main process; every item read in a worker process kills it (SIGSEGV)."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return super().__getitem__(i)
+
+
+def one_shot_sampler(n: int) -> Any:
+    """A generator used as a sampler: it can be iterated once only."""
+    return (i for i in range(n))
+
+
+def write_target(tmp_path: Path, body: str, name: str = "pipe.py") -> Path:
+    """A TARGET file for the command line, able to import this folder's modules."""
+    path = tmp_path / name
+    path.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n{body}\n")
+    return path
+
+
+def start_cli(*args: str) -> subprocess.Popen[str]:
+    """``feedrate ARGS`` in its own process, with Python's own signal handling (a test run
+    started with ``&`` would pass SIGINT on ignored)."""
+
+    def defaults() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "feedrate", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=defaults,
+    )
+
+
+def wait_for_children(pid: int, count: int, timeout_s: float = 90.0) -> list[psutil.Process]:
+    """The process's descendants, once there are at least ``count`` of them."""
+    parent = psutil.Process(pid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        kids = parent.children(recursive=True)
+        if len(kids) >= count:
+            return kids
+        time.sleep(0.1)
+    raise AssertionError(f"{pid} did not start {count} workers in {timeout_s} s")
+
+
+def loader_of_slow_squares(workers: int) -> DataLoader[torch.Tensor]:
+    return DataLoader(SlowSquares(), batch_size=4, num_workers=workers)

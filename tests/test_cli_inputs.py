@@ -1,0 +1,155 @@
+"""Bad input on the command line, as a new user would give it: one line naming the problem,
+exit status 2, nothing measured first and nothing of the user's overwritten."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from faults import fault, write_target
+
+from feedrate.cli import in_options, main
+from feedrate.errors import UserError
+
+BODY = (
+    "from torch.utils.data import DataLoader\nfrom faults import Squares\n"
+    "loader = DataLoader(Squares(), batch_size=8)\n"
+)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    captured = capsys.readouterr()
+    code = done.value.code
+    return (code if isinstance(code, int) else 1), captured.out, captured.err
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Path:
+    return write_target(tmp_path, BODY)
+
+
+@pytest.mark.parametrize(
+    ("case", "make_args", "says"),
+    [
+        (
+            fault("plot-into-missing-folder"),
+            lambda t, d: ["--plot", str(d / "no" / "x.png")],
+            "does not exist",
+        ),
+        (fault("plot-over-the-target"), lambda t, d: ["--plot", str(t)], "TARGET's own file"),
+        (
+            fault("html-over-a-python-file"),
+            lambda t, d: ["--html", str(d / "other.py")],
+            "existing Python file",
+        ),
+        (
+            fault("two-outputs-one-file"),
+            lambda t, d: ["--json", str(d / "a"), "--html", str(d / "a")],
+            "same file",
+        ),
+        (fault("plot-to-stdout"), lambda t, d: ["--plot", "-"], "give it a name"),
+        (fault("rate-nan"), lambda t, d: ["--rate", "nan"], "--rate must be a positive number"),
+        (
+            fault("step-time-inf"),
+            lambda t, d: ["--step-time", "inf"],
+            "--step-time must be a positive",
+        ),
+        (fault("budget-nan"), lambda t, d: ["--budget-s", "nan"], "--budget-s must be a number"),
+        (fault("budget-too-short"), lambda t, d: ["--budget-s", "1"], "--budget-s=1 is too short"),
+        (
+            fault("memory-limit-words"),
+            lambda t, d: ["--memory-limit", "lots"],
+            "--memory-limit 'lots' is not a size",
+        ),
+    ],
+)
+def test_tune_refuses_bad_input_before_measuring(
+    capsys: pytest.CaptureFixture[str],
+    target: Path,
+    tmp_path: Path,
+    case: str,
+    make_args,
+    says: str,
+) -> None:
+    (tmp_path / "other.py").write_text("print('mine')\n")
+    before = target.read_bytes()
+    code, out, err = run(capsys, "tune", f"{target}:loader", *make_args(target, tmp_path))
+    assert code == 2, err
+    assert says in err and "Traceback" not in err
+    assert "samples/s ±" not in out + err  # refused before any trial ran
+    assert (
+        target.read_bytes() == before and (tmp_path / "other.py").read_text() == "print('mine')\n"
+    )
+
+
+@pytest.mark.parametrize("case", [fault("sizes-nan")])
+def test_transfer_refuses_a_size_that_is_not_one(
+    capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    code, _, err = run(capsys, "transfer", "--sizes", "64K,nan")
+    assert code == 2 and "--sizes 'nan' is not a size" in err
+
+
+def test_json_dash_writes_the_document_to_stdout_and_the_table_to_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = run(capsys, "env", "--json", "-")
+    assert code == 0
+    assert json.loads(out)["schema"] == "feedrate.env/1"
+    assert "usable CPUs" in err or "cpus" in err.lower()
+    assert not (Path.cwd() / "-").exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "document", "says"),
+    [
+        (fault("report-schema-only"), {"schema": "feedrate.tune/1"}, "baseline is missing"),
+        (
+            fault("report-null-trials"),
+            {
+                "schema": "feedrate.tune/1",
+                "baseline": {"config": {}, "reason": "x"},
+                "best": {"config": {}, "reason": "x"},
+                "trials": None,
+                "findings": [],
+            },
+            "trials is missing",
+        ),
+        (
+            fault("report-bad-trial"),
+            {
+                "schema": "feedrate.tune/1",
+                "baseline": {"config": {}, "reason": "x"},
+                "best": {"config": {}, "reason": "x"},
+                "trials": [3],
+                "findings": [],
+            },
+            "trials[0] is not an object",
+        ),
+        (
+            fault("report-measure-cut-short"),
+            {"schema": "feedrate.measure/1", "config": {}},
+            "samples_per_s is missing",
+        ),
+        (fault("report-not-an-object"), [1, 2], "not a JSON object"),
+        (fault("report-unknown-schema"), {"schema": "x/1"}, "not a feedrate result"),
+    ],
+)
+def test_report_says_what_is_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str, document: object, says: str
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    code, _, err = run(capsys, "report", str(path))
+    assert code == 2, err
+    assert says in err and "Traceback" not in err
+
+
+def test_library_names_become_options_only_where_they_are_named() -> None:
+    exc = UserError(
+        "budget_s=1 is too short; rate and max_workers stay", params=("budget_s", "rate")
+    )
+    assert in_options(exc) == "--budget-s=1 is too short; --rate and max_workers stay"
