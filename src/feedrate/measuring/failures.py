@@ -29,12 +29,33 @@ from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledErr
 from feedrate.loader.forwarding import Forwarding
 
 _NOTE = "feedrate: while loading sample index "
+_COLLATE_NOTE = "feedrate: while collating the batch of sample indices "
+#: The indices this process fetched last: a worker (or the main process) fetches a batch, then
+#: collates it, so a collate_fn that raises was given these samples.
+_last_indices: list[Any] = []
 
 
-def _note(exc: BaseException, where: object) -> None:
+def _note(exc: BaseException, where: object, prefix: str = _NOTE) -> None:
     add_note = getattr(exc, "add_note", None)  # Python >= 3.11
     if add_note is not None:
-        add_note(f"{_NOTE}{where}")
+        add_note(f"{prefix}{where}")
+
+
+class IndexReportingCollate:
+    """``collate_fn`` as it is, noting the batch's sample indices on an exception (the indices
+    of the fetch just before, in this process). Picklable where ``fn`` is."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, samples: Any) -> Any:
+        try:
+            return self.fn(samples)
+        except Exception as exc:
+            shown = _last_indices[:8]
+            more = ", ..." if len(_last_indices) > 8 else ""
+            _note(exc, f"[{', '.join(map(repr, shown))}{more}]", _COLLATE_NOTE)
+            raise
 
 
 class IndexReportingDataset(Forwarding, Dataset[Any]):
@@ -59,6 +80,7 @@ class IndexReportingDataset(Forwarding, Dataset[Any]):
             raise
 
     def __getitems__(self, indices: Sequence[Any]) -> Any:
+        _last_indices[:] = list(indices)
         inner = self._feedrate_inner
         own = getattr(inner, "__getitems__", None)
         if own:
@@ -230,10 +252,42 @@ def _original_line(exc: BaseException) -> str:
     return f"{name}: {first}" if first else name
 
 
-def _index(exc: BaseException) -> str | None:
-    notes = [*getattr(exc, "__notes__", []), *str(exc).splitlines()]
-    found = [n[len(_NOTE) :] for n in notes if n.startswith(_NOTE)]
-    return found[-1] if found else None
+def _where_noted(exc: BaseException) -> str:
+    """Where the failure happened, from feedrate's notes (they survive the trip from a worker
+    inside DataLoader's re-raised message): " at sample index 5", " while collating ..."."""
+    notes: list[str] = [*getattr(exc, "__notes__", []), *str(exc).splitlines()]
+    for n in reversed(notes):
+        if n.startswith(_COLLATE_NOTE):
+            return " " + n.removeprefix("feedrate: ")
+        if n.startswith(_NOTE):
+            return f" at sample index {n[len(_NOTE) :]}"
+    return ""
+
+
+#: Failures whose cause is known from their words, with what to do about each.
+_HINTS = (
+    (
+        re.compile(r"Too many open files|\[Errno 24\]"),
+        "the open-file limit is too low for the workers and the batches in flight: raise it "
+        "(ulimit -n 65536) or share tensors through files "
+        "(torch.multiprocessing.set_sharing_strategy('file_system'))",
+    ),
+    (
+        re.compile(
+            r"Can't pickle|cannot pickle|Can't get attribute|PicklingError|"
+            r"pickle.*local object|not picklable"
+        ),
+        "under spawn or forkserver every worker gets a pickled copy of the dataset: define the "
+        "dataset (and collate_fn, worker_init_fn) at module level in an importable file, and "
+        "open files, connections and clients lazily in the worker (in __getitem__ or "
+        "worker_init_fn), not in __init__",
+    ),
+)
+
+
+def hint(text: str) -> str | None:
+    """What to do about a failure known from its words, or None."""
+    return next((advice for pattern, advice in _HINTS if pattern.search(text)), None)
 
 
 def explain(exc: BaseException, iterator: object) -> PipelineError | None:
@@ -254,10 +308,12 @@ def explain(exc: BaseException, iterator: object) -> PipelineError | None:
     caught = _CAUGHT.search(text)
     where = f" in worker {caught.group(2)}" if caught else " in the main process"
     frames = _user_frames_from_text(text) if caught else _user_frames(exc.__traceback__)
-    index = _index(exc)
-    at_index = f" at sample index {index}" if index is not None else ""
     at_frames = f" (at {'; '.join(frames)})" if frames else ""
-    return PipelineError(f"the pipeline raised {_original_line(exc)}{at_index}{where}{at_frames}")
+    advice = hint(text)
+    fix = f": {advice}" if advice else ""
+    return PipelineError(
+        f"the pipeline raised {_original_line(exc)}{_where_noted(exc)}{where}{at_frames}{fix}"
+    )
 
 
 def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:

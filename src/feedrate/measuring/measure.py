@@ -32,6 +32,7 @@ from feedrate.measuring import interrupts, windows
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import DeviceStep, parse_device
 from feedrate.measuring.failures import (
+    IndexReportingCollate,
     IndexReportingDataset,
     Watchdog,
     explain,
@@ -90,6 +91,8 @@ def measure(
     if report_index and not is_iterable_style(user_loader):
         dataset = IndexReportingDataset(unthreaded(user_loader.dataset))
     loader = rebuild(user_loader, config, dataset=dataset)
+    if dataset is not None:  # a collate_fn that raises names the batch's sample indices
+        loader.collate_fn = IndexReportingCollate(loader.collate_fn)
     facts = machine or collect()
     consume: Callable[[Any, int], None] | None = consumer
     on_device = None
