@@ -107,3 +107,16 @@ def wait_for_children(pid: int, count: int, timeout_s: float = 90.0) -> list[psu
 
 def loader_of_slow_squares(workers: int) -> DataLoader[torch.Tensor]:
     return DataLoader(SlowSquares(), batch_size=4, num_workers=workers)
+
+
+class HangsAfter(Squares):
+    """Items up to ``at`` load; the next one never returns (a blocking read gone wrong)."""
+
+    def __init__(self, n: int = 256, at: int = 8) -> None:
+        super().__init__(n)
+        self.at = at
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        while i >= self.at:
+            time.sleep(0.05)
+        return super().__getitem__(i)

@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from faults import fault, write_target
 
 from feedrate.cli import in_options, main
 from feedrate.errors import UserError
+
+from faults import fault, write_target
 
 BODY = (
     "from torch.utils.data import DataLoader\nfrom faults import Squares\n"

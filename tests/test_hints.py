@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from faults import Squares, fault
 from torch.utils.data import DataLoader, Dataset
 
 import feedrate
 from feedrate.errors import PipelineError
+
+from faults import Squares, fault
 
 
 def ragged(samples: list[int]) -> torch.Tensor:

@@ -5,7 +5,6 @@ of what threads would give. Pure rules on synthetic trials, and two small real p
 from __future__ import annotations
 
 import pytest
-from faults import CrashInWorkers, Squares, fault, one_shot_sampler
 from torch.utils.data import DataLoader
 
 import feedrate
@@ -17,6 +16,8 @@ from feedrate.results.trial import Trial
 from feedrate.search.advice import reason
 from feedrate.search.propose import propose
 from feedrate.search.space import Space
+
+from faults import CrashInWorkers, Squares, fault, one_shot_sampler
 
 
 def measured(

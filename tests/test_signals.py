@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from faults import fault, start_cli, wait_for_children, write_target
 
 BODY = "from faults import loader_of_slow_squares\nloader = loader_of_slow_squares(3)\n"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import re
 import signal
 import sysconfig
@@ -100,25 +101,46 @@ class IndexReportingDataset(Forwarding, Dataset[Any]):
         return out
 
 
+def _raised_as(message: str) -> type[PipelineTimeoutError]:
+    """A ``PipelineTimeoutError`` subclass that carries ``message``: an exception raised in
+    another thread is given as a type, built there without arguments."""
+
+    def init(self: PipelineTimeoutError) -> None:
+        PipelineTimeoutError.__init__(self, message)
+
+    return type("PipelineTimeoutError", (PipelineTimeoutError,), {"__init__": init})
+
+
 class Watchdog:
     """Raises ``PipelineTimeoutError`` in the measuring thread when ``kick()`` is not called for
-    ``timeout_s`` seconds. Uses SIGALRM, so it only arms in the main thread of a POSIX process;
-    elsewhere it does nothing (``armed`` is False)."""
+    ``timeout_s`` seconds. In the main thread of a POSIX process it uses SIGALRM; in any other
+    thread (a measurement run from a thread pool, a notebook's worker thread) a timer thread
+    raises it asynchronously in the measuring thread, which takes effect as soon as that thread
+    runs Python code again (DataLoader's own waits come back to Python every few seconds)."""
 
     def __init__(self, timeout_s: float | None, describe: Callable[[], str]) -> None:
         self.timeout_s, self._describe = timeout_s, describe
         self.armed = False
         self._previous: Any = None
         self._last_kick = -float("inf")
+        self._thread: threading.Thread | None = None
+        self._target: int | None = None  # the measuring thread, off the main thread
+        self._stop = threading.Event()
 
     def __enter__(self) -> Watchdog:
-        usable = (
-            hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-        )
-        if self.timeout_s and usable:
+        if not self.timeout_s:
+            return self
+        self.armed = True
+        if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGALRM, self._fire)
-            self.armed = True
-            self.kick()
+        else:
+            self._target = threading.get_ident()
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._watch, name="feedrate-watchdog", daemon=True
+            )
+            self._thread.start()
+        self.kick()
         return self
 
     def kick(self) -> None:
@@ -131,23 +153,42 @@ class Watchdog:
         if now - self._last_kick < self.timeout_s / 4:
             return
         self._last_kick = now
-        signal.setitimer(signal.ITIMER_REAL, self.timeout_s * 1.25)
+        if self._target is None:
+            signal.setitimer(signal.ITIMER_REAL, self.timeout_s * 1.25)
 
     def __exit__(self, *exc: object) -> None:
         self.disarm()
 
     def disarm(self) -> None:
         """Stop watching (e.g. before a shutdown that may legitimately take a while)."""
-        if self.armed:
+        if not self.armed:
+            return
+        self.armed = False
+        if self._target is None:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._previous)
-            self.armed = False
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+
+    def _watch(self) -> None:
+        assert self.timeout_s is not None and self._target is not None
+        while not self._stop.wait(min(0.25, self.timeout_s / 4)):
+            if self.armed and time.monotonic() - self._last_kick > self.timeout_s * 1.25:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._target), ctypes.py_object(_raised_as(self.message()))
+                )
+                return
 
     def _fire(self, signum: int, frame: FrameType | None) -> None:
-        raise PipelineTimeoutError(
+        raise PipelineTimeoutError(self.message())
+
+    def message(self) -> str:
+        return (
             f"no batch arrived within {self.timeout_s:g} s ({self._describe()}): the pipeline "
             "appears to hang; check for a deadlock or a blocking read in the dataset, or raise "
-            "--timeout if a batch really takes that long"
+            "the timeout if a batch really takes that long (timeout_s=..., or --timeout)"
         )
 
 
