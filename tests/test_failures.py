@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.loader.config import LoaderConfig
-from feedrate.measuring.failures import IndexReportingDataset, Watchdog, explain
+from feedrate.measuring.diagnosis import explain
+from feedrate.measuring.failures import IndexReportingDataset, Watchdog
 from feedrate.measuring.measure import measure
 
 from pipelines import (

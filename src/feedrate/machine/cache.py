@@ -83,7 +83,40 @@ def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
     }
 
 
+def tune_options(
+    *,
+    device: str | None,
+    consumer: dict[str, Any] | None = None,
+    max_workers: int | None = None,
+    memory_limit: int | None = None,
+    allow_reorder: bool = False,
+    allow_threads: bool = False,
+) -> dict[str, Any]:
+    """The options that decide a ``tune`` answer, as its cache key holds them; the defaults
+    are a plain ``tune(loader)``, whose answer ``autotune`` starts from. ``device`` (the
+    accelerator every trial copies batches to, e.g. "cuda:0", or None) has no default: an
+    answer found copying to a GPU is another answer, and a key built without saying which
+    device would miss it."""
+    options: dict[str, Any] = {
+        "consumer": consumer,
+        "max_workers": max_workers,
+        "memory_limit": memory_limit,
+        "allow_reorder": allow_reorder,
+        "allow_threads": allow_threads,
+    }
+    if device is not None:  # keys of runs without an accelerator stay as they were
+        options["device"] = device
+    return options
+
+
+def autotune_options(*, max_workers: int | None, allow_threads: bool) -> dict[str, Any]:
+    """The options of ``autotune``'s own entries (the settings it settled on)."""
+    return {"autotune": 1, "max_workers": max_workers, "allow_threads": allow_threads}
+
+
 def key(facts: MachineFacts, loader: DataLoader[Any], options: dict[str, Any]) -> str:
+    """The cache key of ``loader`` on the machine ``facts`` describe, run with ``options``
+    (``tune_options`` or ``autotune_options``): the one key function tune and autotune share."""
     machine = {k: getattr(facts, k) for k in _MACHINE_KEYS}
     blob = json.dumps(
         {"machine": machine, "pipeline": fingerprint(loader), "options": options},

@@ -31,11 +31,11 @@ from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import interrupts, windows
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import DeviceStep, parse_device
+from feedrate.measuring.diagnosis import explain
 from feedrate.measuring.failures import (
     IndexReportingCollate,
     IndexReportingDataset,
     Watchdog,
-    explain,
     quiesce,
     stop_workers,
 )

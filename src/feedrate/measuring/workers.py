@@ -19,7 +19,8 @@ from feedrate.loader.forwarding import Forwarding
 from feedrate.loader.rebuild import is_iterable_style, quiet_worker_count_warning
 from feedrate.machine.facts import THREAD_ENV_VARS
 from feedrate.measuring.dataset_objects import digest, draw, generators
-from feedrate.measuring.failures import Watchdog, explain, quiesce, stop_workers
+from feedrate.measuring.diagnosis import explain
+from feedrate.measuring.failures import Watchdog, quiesce, stop_workers
 from feedrate.results.evidence import StreamDigests, WorkerView
 
 #: Workers the experiments use: the fewest that show what differs between workers.

@@ -7,12 +7,35 @@ from typing import Any
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.measurement import Measurement
+from feedrate.results.processes import ProbeReport
 from feedrate.results.spread import Spread
 
 
 def _sum_known(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) if known else None
+
+
+def probe_fields(processes: ProbeReport) -> dict[str, Any]:
+    """The probe's figures as ``Trial`` fields, the one mapping tune's and autotune's trials
+    share: CPU per second of wall time (1.0 = one core) of the main process and of the workers
+    together, their run-queue wait, memory in bytes (the workers' USS and PSS summed, the
+    largest worker's USS), the /dev/shm peak, and the CPUs the whole machine kept busy."""
+    workers = processes.workers
+    uss = [w.uss_bytes for w in workers if w.uss_bytes is not None]
+    pss = [w.pss_bytes for w in workers if w.pss_bytes is not None]
+    return {
+        "main_cpu": processes.main.cpu_util,
+        "workers_cpu": sum(w.cpu_util for w in workers),
+        "workers_runq": _sum_known([w.runq_util for w in workers]),
+        "main_uss_bytes": processes.main.uss_bytes,
+        "workers_uss_bytes": sum(uss) if uss else None,
+        "worker_uss_max_bytes": max(uss) if uss else None,
+        "main_pss_bytes": processes.main.pss_bytes,
+        "workers_pss_bytes": sum(pss) if pss else None,
+        "shm_peak_bytes": processes.shm_peak_bytes,
+        "system_busy_cpus": processes.system_busy_cpus,
+    }
 
 
 @dataclass
@@ -94,9 +117,6 @@ class Trial:
 
     @classmethod
     def of(cls, m: Measurement, reason: str) -> Trial:
-        workers = m.processes.workers
-        uss = [w.uss_bytes for w in workers if w.uss_bytes is not None]
-        pss = [w.pss_bytes for w in workers if w.pss_bytes is not None]
         return cls(
             config=m.config,
             reason=reason,
@@ -104,19 +124,10 @@ class Trial:
             spread=m.spread,
             startup_s=m.startup_s,
             epoch_restart_s=list(m.epoch_restart_s),
-            main_cpu=m.processes.main.cpu_util,
-            workers_cpu=sum(w.cpu_util for w in workers),
-            workers_runq=_sum_known([w.runq_util for w in workers]),
-            main_uss_bytes=m.processes.main.uss_bytes,
-            workers_uss_bytes=sum(uss) if uss else None,
-            worker_uss_max_bytes=max(uss) if uss else None,
-            main_pss_bytes=m.processes.main.pss_bytes,
-            workers_pss_bytes=sum(pss) if pss else None,
-            shm_peak_bytes=m.processes.shm_peak_bytes,
             batch_bytes=m.batch_bytes,
             stall_fraction=m.stall_fraction,
-            system_busy_cpus=m.processes.system_busy_cpus,
             copy_s_per_batch=(m.transfer or {}).get("copy_s_per_batch"),
+            **probe_fields(m.processes),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,143 @@
+"""Where ``autotune`` starts: the settings an earlier run left in the cache (its own, or those of
+a plain ``tune`` of the same loader on this machine), else yours when they use workers, else one
+worker per usable CPU; and whether an IterableDataset may be given workers at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from feedrate.checks import dataset as checks_dataset
+from feedrate.errors import UserError
+from feedrate.loader.batches import thread_cap
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import config_of, is_iterable_style
+from feedrate.machine import cache
+from feedrate.machine.facts import MachineFacts
+from feedrate.measuring import device as devices
+from feedrate.measuring.workers import stream_digests
+from feedrate.search.budgets import space_for
+from feedrate.search.space import Space
+from feedrate.search.tuner import online
+
+#: How ``started_from`` reads when the settings came from the cache.
+FROM_CACHE = "the cached settings of an earlier run"
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where autotune starts: ``config`` (``started_from`` says why) in ``space``; ``settled``
+    when it only watches (cached settings, or an IterableDataset kept without workers), with
+    the ``stall`` the cached settings left this loop where known; ``cache_key``: where it keeps
+    what it settles on (None: no cache)."""
+
+    config: LoaderConfig
+    started_from: str
+    settled: bool
+    stall: float | None
+    space: Space
+    cache_key: str | None
+
+
+def accelerator() -> str | None:
+    """The device a plain ``tune(loader)`` copies batches to on this machine (its
+    ``device="auto"``), named as its cache key names it; None without an accelerator."""
+    dev = devices.parse_device("auto")
+    return None if dev is None else str(dev)
+
+
+def starting_point(
+    loader: DataLoader[Any],
+    facts: MachineFacts,
+    *,
+    max_workers: int | None,
+    allow_threads: bool,
+    use_cache: bool,
+    split: bool,
+) -> Start:
+    """Where autotune starts on ``loader`` (``split``: its index stream is split between
+    lanes, so threads inside workers may help), within tune's budgets: memory (and a cgroup
+    limit), /dev/shm, open files, ``max_workers``."""
+    own = cache.key(
+        facts,
+        loader,
+        cache.autotune_options(max_workers=max_workers, allow_threads=allow_threads),
+    )
+    space = space_for(facts, config_of(loader), consumer=True, max_workers=max_workers)
+    space = replace(
+        space, max_threads=thread_cap(loader) if split else 1, allow_threads=allow_threads
+    )
+    keys = []
+    if use_cache:  # the device is resolved only then: on a GPU, that initializes CUDA
+        keys = [own, cache.key(facts, loader, cache.tune_options(device=accelerator()))]
+    config, started_from, stall = _start_config(loader, facts, space, keys)
+    # An IterableDataset that does not split its stream by worker yields all of it once per
+    # worker: one that runs without workers gets them only when 2 workers were seen to
+    # yield different items (a few seconds, once).
+    unsplit = unsplit_stream(loader) if is_iterable_style(loader) else None
+    if unsplit is not None:
+        config, started_from = config_of(loader), f"your settings: {unsplit}"
+    settled = unsplit is not None or started_from == FROM_CACHE
+    return Start(config, started_from, settled, stall, space, own if use_cache else None)
+
+
+def save(cache_key: str | None, config: LoaderConfig, stall: float) -> None:
+    """The settings, and the stall they left this loop (the reference the next run watches
+    against: a loop that cannot be fed must not look like a stall come back)."""
+    if cache_key is not None:
+        doc = {"schema": "feedrate.autotune/1", "config": config.to_dict(), "stall": stall}
+        cache.save(cache_key, doc)
+
+
+def _start_config(
+    loader: DataLoader[Any], facts: MachineFacts, space: Space, keys: list[str]
+) -> tuple[LoaderConfig, str, float | None]:
+    """The cached settings under ``keys`` (autotune's own first; within max_workers and
+    allow_threads), else yours when they use workers, else one worker per usable CPU with
+    your other settings."""
+    for key in keys:
+        doc = cache.load(key)
+        config = _cached_config(doc)
+        fits = config is not None and config.num_workers <= space.max_workers
+        if config is not None and fits and (config.threads == 1 or space.allow_threads):
+            stall = doc.get("stall") if doc and key == keys[0] else None
+            return online(config), FROM_CACHE, stall if isinstance(stall, float) else None
+    own = config_of(loader)
+    if own.num_workers > 0:
+        capped = replace(own, num_workers=min(own.num_workers, max(1, space.max_workers)))
+        return online(capped), "your settings", None
+    w = min(facts.cpus_usable, space.max_workers)
+    start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
+    return online(start), f"{w} workers, one per usable CPU", None
+
+
+def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
+    if not doc:
+        return None
+    with contextlib.suppress(KeyError, TypeError, ValueError, UserError):
+        if doc.get("schema") == "feedrate.autotune/1":
+            return LoaderConfig.from_dict(doc["config"])
+        return LoaderConfig.from_dict(doc["best"]["config"])
+    return None
+
+
+def unsplit_stream(loader: DataLoader[Any]) -> str | None:
+    """Why an IterableDataset loader must keep running without workers, or None (it already
+    uses workers, or 2 workers were seen to split its stream)."""
+    if config_of(loader).num_workers > 0:
+        return None  # yours: it already runs in workers
+    try:
+        digests = stream_digests(loader, limit=32, seconds=2.0)
+    except Exception as exc:  # the check itself failed: stay safe
+        return f"an IterableDataset without workers is left without them (the check failed: {exc})"
+    if checks_dataset.stream_splits(digests):
+        return None
+    return (
+        "an IterableDataset without workers is left without them: 2 workers did not yield "
+        "different items, so each worker would yield the whole stream (split it by "
+        "get_worker_info() to let autotune use workers)"
+    )

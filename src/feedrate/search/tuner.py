@@ -1,0 +1,397 @@
+"""The online tuner behind ``autotune``: observations in, an action out.
+
+Pure and clock-free: the caller reads its clock and passes ``now`` (seconds from any origin)
+with every observation, so the same decisions can be taken from gathered figures and tested
+with a fake clock. The tuner owns the trial in progress (per batch: the samples, the wait in
+``next()`` and the step after; when it is done, with the early stop of a starved loop), its
+conclusion into the next step (``next_trial`` over ``propose_online``: configurations
+predicted over a budget skipped, the round's ``budget_s``, settling with ``choose``), the watch
+windows once settled with the re-tune trigger, and the events that say why.
+
+What needs the machine comes back as an action for the caller: ``CheckThreads`` (run the
+dataset on threads, hand the verdict to ``threads_checked``), ``Try`` and ``Settle`` (move to a
+configuration; ``moved``, ``move_failed`` and ``switched`` say how it went; a ``Settle`` is
+also what to remember for the next run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.autotune import AutotuneReport, Event
+from feedrate.results.evidence import ThreadCheck
+from feedrate.results.processes import ProbeReport
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial, probe_fields
+from feedrate.search.plan import after_thread_check, next_trial
+from feedrate.search.propose import choose, propose_online
+from feedrate.search.space import STALL_MARGIN, Space, covers
+
+#: A trial measures at least this many batches and seconds, after its warm-up batches.
+TRIAL_BATCHES = 12
+TRIAL_S = 0.5
+
+#: A trial whose loop waits more than this share of the time ends after half as many batches.
+STARVED = 0.5
+
+#: While watching: the stall over a stretch of at least this many batches and seconds, above
+#: ``RETUNE_STALL``, starts tuning again.
+WATCH_BATCHES = 64
+WATCH_S = 2.0
+RETUNE_STALL = 2 * STALL_MARGIN
+
+#: Windows in a row whose stall must exceed the settled one by ``RETUNE_STALL`` to tune again
+#: (one noisy window must not cost a round of trials).
+RETUNE_WINDOWS = 2
+
+#: The default ``budget_s``: training seconds one round of tuning may spend on trials.
+BUDGET_S = 60.0
+
+#: Windows an online trial's rate is measured in (for its spread).
+TRIAL_WINDOWS = 4
+
+
+def window_rates(
+    samples: list[int], waits: list[float], steps: list[float], windows: int = TRIAL_WINDOWS
+) -> list[float]:
+    """Samples/s delivered to the loop in up to ``windows`` equal runs of consecutive batches
+    (at least 3 batches each, a remainder left out): a run's samples over its waits and steps
+    (s). The spread of an online trial is taken over these."""
+    k = max(1, min(windows, len(steps) // 3))
+    size = max(1, len(steps) // k)
+    rates = []
+    for i in range(0, size * k, size):
+        span = sum(waits[i : i + size]) + sum(steps[i : i + size])
+        rates.append(sum(samples[i : i + size]) / span if span > 0 else 0.0)
+    return rates
+
+
+@dataclass
+class TrialTiming:
+    """The trial in progress: per batch the samples, the wait in ``next()`` and the step after
+    (s). Its first ``warmup`` batches (made while the lane started) are not measured: the
+    window opens after them (``opened``, at ``began``)."""
+
+    config: LoaderConfig
+    reason: str
+    warmup: int
+    began: float = 0.0
+    started: bool = False
+    opened: bool = False
+    samples: list[int] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
+
+    @property
+    def measured(self) -> int:
+        return max(0, len(self.steps) - self.warmup)
+
+    def start(self, now: float) -> None:
+        """Its lane runs from ``now``; with no warm-up the window opens now."""
+        self.started = True
+        if self.warmup == 0:
+            self._open(now)
+
+    def add(self, samples: int, wait: float, step: float, now: float) -> None:
+        self.samples.append(samples)
+        self.waits.append(wait)
+        self.steps.append(step)
+        if len(self.steps) == self.warmup:
+            self._open(now)
+
+    def _open(self, now: float) -> None:
+        self.began, self.opened = now, True
+
+    def done(self, now: float) -> bool:
+        """Enough measured; a loop starved most of the time is judged on half as much (the
+        verdict is plain, and every batch of it costs training time)."""
+        if self.measured >= TRIAL_BATCHES and now - self.began >= TRIAL_S:
+            return True
+        if self.measured < TRIAL_BATCHES // 2 or now - self.began < TRIAL_S / 2:
+            return False
+        waited = sum(self.waits[self.warmup :])
+        return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
+
+    def result(self, rate: float | None, processes: ProbeReport | None) -> Trial:
+        """The measured batches as a Trial: the rate delivered to the loop (its spread over
+        ``window_rates``), the stall, and what ``processes`` saw. With the consumer's ``rate``
+        the stall is the larger of the one measured and ``1 - delivered / rate``: a loop slower
+        than ``rate`` never shows whether the loader could keep up with it."""
+        w, s = self.waits[self.warmup :], self.steps[self.warmup :]
+        n = self.samples[self.warmup :]
+        total = sum(w) + sum(s)
+        delivered = sum(n) / total if total > 0 else 0.0
+        stall = sum(w) / total if total > 0 else None
+        if rate is not None and stall is not None:
+            stall = max(stall, 1.0 - delivered / rate)
+        return Trial(
+            config=self.config,
+            reason=self.reason,
+            samples_per_s=delivered,
+            spread=Spread.of_rates(window_rates(n, w, s), "mad"),
+            stall_fraction=stall,
+            batch_bytes=self.batch_bytes,
+            **(probe_fields(processes) if processes is not None else {}),
+        )
+
+
+@dataclass
+class Watch:
+    """Once settled: the waits and steps (s) of the stretch being watched."""
+
+    waited: float = 0.0
+    stepped: float = 0.0
+    batches: int = 0
+
+    def add(self, wait: float, step: float) -> float | None:
+        """The stall of the stretch this batch completes (at least ``WATCH_BATCHES`` batches
+        and ``WATCH_S`` seconds; the next one begins), else None."""
+        self.waited += wait
+        self.stepped += step
+        self.batches += 1
+        total = self.waited + self.stepped
+        if self.batches < WATCH_BATCHES or total < WATCH_S:
+            return None
+        stall = self.waited / total
+        self.waited, self.stepped, self.batches = 0.0, 0.0, 0
+        return stall
+
+
+@dataclass(frozen=True)
+class Try:
+    """Measure ``config`` next, for ``why``."""
+
+    config: LoaderConfig
+    why: str
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Settled on ``config``, which leaves the loop ``stall`` of its time waiting: keep it (the
+    next run starts there) and move to it if it is not the one in use."""
+
+    config: LoaderConfig
+    stall: float
+
+
+@dataclass(frozen=True)
+class CheckThreads:
+    """Run the thread-safety check with ``threads`` threads; pass the verdict to
+    ``threads_checked``."""
+
+    threads: int
+
+
+Action = Try | Settle | CheckThreads
+
+
+def online(cfg: LoaderConfig) -> LoaderConfig:
+    """A configuration as autotune runs it: lanes keep their workers between epochs."""
+    return replace(cfg, persistent_workers=cfg.num_workers > 0)
+
+
+class OnlineTuner:
+    """The decisions of ``autotune`` for one loop, from ``start`` (``started_from`` says why)
+    in ``space``; ``settled``: it only watches, against ``settled_stall`` (None: the first
+    watch window measures it). ``warmup(config)``: batches a lane of ``config`` makes before
+    its figures count; ``rate``: the consumer's samples/s, where known; ``budget_s``: seconds
+    of trials one round may spend."""
+
+    def __init__(
+        self,
+        space: Space,
+        start: LoaderConfig,
+        started_from: str,
+        *,
+        settled: bool,
+        settled_stall: float | None,
+        warmup: Callable[[LoaderConfig], int],
+        rate: float | None = None,
+        budget_s: float = BUDGET_S,
+    ) -> None:
+        self.space = replace(space, baseline=start)
+        self.rate, self.budget_s = rate, budget_s
+        self.report = AutotuneReport(start, settled=settled, started_from=started_from)
+        self.trials: list[Trial] = []
+        #: The trial in progress, and the one planned for the lane that takes over after a
+        #: drain (its batches are the next trial's, the drained ones are not).
+        self.trial = None if settled else TrialTiming(start, f"start: {started_from}", 0)
+        self.pending: TrialTiming | None = None
+        # The stall the settled configuration leaves (the loop's own pace may keep it above
+        # zero); the reference the watch windows compare against.
+        self.settled_stall = settled_stall if settled else 0.0
+        self.thread_check: ThreadCheck | None = None
+        self._warmup_of = warmup
+        self._warmup_cap = 1 << 30
+        self._watch = Watch()
+        self._over = 0  # watch windows in a row over the settled stall
+        self._round_began: float | None = None  # when this round of tuning began
+        self.epoch = 0
+        self.batch = 0  # batches seen in this epoch
+
+    @property
+    def config(self) -> LoaderConfig:
+        """The settings in use (or moved to, while a lane drains)."""
+        return self.report.config
+
+    @property
+    def wants_batch_bytes(self) -> bool:
+        """The next observation should carry the batch's bytes (a trial's first batch)."""
+        return self.pending is None and self.trial is not None and self.trial.batch_bytes is None
+
+    def new_epoch(self, length: int | None) -> None:
+        """An epoch of ``length`` batches (None: unknown) begins: no trial's warm-up may take
+        more than a quarter of it."""
+        self.epoch += 1
+        self.batch = 0
+        self._warmup_cap = 1 << 30 if length is None else max(1, length // 4)
+
+    def lane_started(self, now: float) -> None:
+        """A lane of ``config`` started at ``now`` with the epoch: a trial in progress starts
+        over on it (with its warm-up)."""
+        if self.trial is not None:
+            self.trial = TrialTiming(self.config, self.trial.reason, self._warmup(self.config))
+            self.trial.start(now)
+
+    def observe(
+        self, samples: int, wait: float, step: float, now: float, batch_bytes: int | None = None
+    ) -> None:
+        """One batch of ``samples`` reached the loop after ``wait`` s in ``next()``; the loop's
+        step took ``step`` s and ended at ``now``."""
+        self.batch += 1
+        if self.pending is not None:
+            return  # a replaced lane drains: not the next trial's figures
+        trial = self.trial
+        if trial is not None:
+            if trial.batch_bytes is None:
+                trial.batch_bytes = batch_bytes
+            trial.add(samples, wait, step, now)
+            return
+        stall = self._watch.add(wait, step)
+        if stall is None:
+            return
+        if self.settled_stall is None:
+            self.settled_stall = stall  # the reference: settled earlier, on this loop
+        elif stall > max(RETUNE_STALL, self.settled_stall + RETUNE_STALL):
+            self._over += 1
+            if self._over >= RETUNE_WINDOWS:
+                self._retune(stall, now)
+        else:
+            self._over = 0
+
+    def trial_done(self, now: float) -> bool:
+        """The trial in progress has measured enough to be concluded."""
+        return self.pending is None and self.trial is not None and self.trial.done(now)
+
+    def conclude(self, now: float, processes: ProbeReport | None) -> Action:
+        """Close the trial in progress (``processes``: what the probe saw over its window) and
+        decide the next step."""
+        trial = self.trial
+        assert trial is not None, "conclude() needs a trial in progress"
+        if self._round_began is None:
+            self._round_began = trial.began
+        self.trials.append(trial.result(self.rate, processes))
+        self.trial = None
+        return self._next(now)
+
+    def threads_checked(self, check: ThreadCheck, now: float) -> Action:
+        """The verdict of the check ``CheckThreads`` asked for; a failure takes threads out of
+        the search (an event says why). The next step."""
+        self.thread_check = check
+        self.space = after_thread_check(self.space, check)
+        if not check.ok:
+            self._event("no threads", check.reason())
+        return self._next(now)
+
+    def moved(self, config: LoaderConfig, why: str, *, drain: bool) -> None:
+        """The caller moved to ``config`` (a ``Try``'s or a ``Settle``'s): with ``drain`` a
+        lane of it started and takes over once the lane in use drains (``switched``); else it
+        runs from the next epoch."""
+        self.report.config = config
+        trial = None if self.report.settled else TrialTiming(config, why, self._warmup(config))
+        if drain:
+            self.pending = trial
+        else:
+            self.trial = trial
+
+    def move_failed(self, config: LoaderConfig, why: str, error: str, now: float) -> None:
+        """A lane of ``config`` could not start (memory, /dev/shm, open files): recorded, and
+        the lane in use is measured again from ``now``."""
+        self.trials.append(Trial(config, why, error=f"did not start: {error}"))
+        self._event(f"stay on {self.config.label()}", f"{config.label()}: {error}")
+        self.trial = TrialTiming(self.config, "measured again", 0)
+        self.trial.start(now)
+
+    def switched(self, now: float) -> None:
+        """The drained lane ended at ``now``; the one ``moved(drain=True)`` started took over."""
+        self.trial, self.pending = self.pending, None
+        if self.trial is not None:
+            self.trial.start(now)
+        self._watch = Watch()
+
+    def stopped(self) -> None:
+        """The loop stopped (an error, a break, ``close()``): interrupted mid-trial, the next
+        epoch measures again."""
+        self.pending = None
+        if not self.report.settled:
+            self.trial = TrialTiming(self.config, "measured again after a stop", 0)
+
+    def _next(self, now: float) -> Action:
+        began = self._round_began
+        spent = began is not None and now - began >= self.budget_s
+        step = next_trial(
+            self.space, self.trials, propose_online, spent=spent, thread_check=self.thread_check
+        )
+        self.trials += step.skipped
+        if step.action == "check_threads" and step.config is not None:
+            return CheckThreads(step.config.threads)
+        if step.action == "try" and step.config is not None:
+            self._event(f"try {step.config.label()}", step.why)
+            return Try(step.config, step.why)
+        if step.action == "budget_spent":
+            self._event("stop trying", f"budget_s={self.budget_s:g} s of trials spent")
+        return self._settle()
+
+    def _settle(self) -> Settle:
+        best = choose(self.space, self.trials) or self.trials[-1]
+        self.report.settled = True
+        self._round_began = None
+        self.settled_stall = best.stall_fraction or 0.0
+        self._event(f"settled on {best.config.label()}", settled_why(best, self.rate))
+        return Settle(best.config, self.settled_stall)
+
+    def _retune(self, stall: float, now: float) -> None:
+        cfg = self.config
+        self._over = 0
+        self._round_began = None
+        self.report.retunes += 1
+        self.report.settled = False
+        self.trials = []  # the old steps no longer describe the loop
+        self.space = replace(self.space, baseline=online(cfg))
+        self._event("tune again", f"the data stall came back ({stall:.0%} of the time waiting)")
+        self.trial = TrialTiming(cfg, "measured again: the stall came back", 0)
+        self.trial.start(now)
+
+    def _warmup(self, cfg: LoaderConfig) -> int:
+        return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)
+
+    def _event(self, what: str, why: str) -> None:
+        self.report.events.append(Event(self.epoch, self.batch, what, why))
+
+
+def settled_why(best: Trial, rate: float | None) -> str:
+    """Why autotune settled on ``best``, in one sentence."""
+    stall = best.stall_fraction or 0.0
+    pace = "the step" if rate is None else f"the step at rate={rate:,.0f} samples/s"
+    if covers(best):
+        return f"{best.config.label()} keeps {pace} fed ({stall:.0%} stall)"
+    why = f"no configuration tried keeps {pace} fed; {best.config.label()} stalls {stall:.0%}"
+    if rate is not None and best.samples_per_s < rate and (best.stall_fraction or 0) > 0:
+        why += (
+            f" (the loop took {best.samples_per_s:,.0f} samples/s: a loader faster than its "
+            "loop cannot be measured)"
+        )
+    return why

@@ -1,0 +1,296 @@
+"""``TuneSearch``: one budgeted search of ``tune``, measuring each configuration the search
+proposes (``search.plan.next_trial`` decides what comes next, the same step autotune takes),
+then the pin_memory trial, the side-by-side confirmation and the result.
+
+Orchestration only: measuring is ``measure``, deciding is ``search``/``advice``/``checks``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate.checks import transfer as checks_transfer
+from feedrate.checks.bottleneck import bottleneck_kind, pace_of
+from feedrate.checks.threads import thread_findings
+from feedrate.checks.tune import tune_findings
+from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.loader.batches import epoch_samples
+from feedrate.loader.code import code_line
+from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import MachineFacts
+from feedrate.measuring import interrupts, thread_safety
+from feedrate.measuring.consumer import Consumer
+from feedrate.measuring.measure import measure
+from feedrate.results.evidence import ThreadCheck
+from feedrate.results.findings import Finding
+from feedrate.results.trial import Trial
+from feedrate.results.tune import TuneResult
+from feedrate.search import advice
+from feedrate.search.plan import after_thread_check, next_trial
+from feedrate.search.propose import choose, propose
+from feedrate.search.space import Proposal, Space
+
+#: Rivals within this share of the leader are measured again before the answer is given.
+CONFIRM_WITHIN = 0.15
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Sent before each trial (``trial`` is None) and after it (``trial`` set)."""
+
+    index: int
+    config: LoaderConfig
+    reason: str
+    elapsed_s: float
+    budget_s: float
+    trial: Trial | None = None
+
+
+class TuneSearch:
+    """One search: holds the trials and the ``clock`` (s); ``search()`` returns the result."""
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        space: Space,
+        consumer: Consumer | None,
+        trial_seconds: float,
+        budget_s: float,
+        facts: MachineFacts,
+        target: str | None,
+        progress: Callable[[Progress], None] | None,
+        dev: torch.device | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.loader, self.space, self.consumer = loader, space, consumer
+        self.dev = dev
+        self.trial_seconds, self.budget_s = trial_seconds, budget_s
+        self.facts, self.target, self.progress = facts, target, progress
+        self.clock = clock
+        self.trials: list[Trial] = []
+        self.start = clock()
+        self.last_trial_s = 0.0
+        self.partial_reason: str | None = None
+        self.thread_check: ThreadCheck | None = None
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def search(self) -> TuneResult:
+        baseline = self.trial(self.space.baseline, "your settings", fatal=True)
+        report_only: Proposal | None = None
+        while self.partial_reason is None:
+            step = next_trial(
+                self.space,
+                self.trials,
+                propose,
+                spent=self.elapsed() + self.last_trial_s > self.budget_s,
+                thread_check=self.thread_check,
+            )
+            self.trials += step.skipped
+            if step.action == "done" or step.config is None:
+                break
+            if step.action == "report_only":
+                report_only = step.config, step.why  # the search's last step, only for the report
+                break
+            if step.action == "budget_spent":
+                self.partial_reason = (
+                    f"the budget of {self.budget_s:g} s was spent after {len(self.trials)} "
+                    f"trials; the search had more to try (next: {step.config.label()})"
+                )
+                break
+            if step.action == "check_threads":
+                self._threads_safe(step.config.threads)  # a failure takes threads out
+                continue
+            self.trial(step.config, step.why)
+        self._pin_trial()
+        self.confirm(baseline)
+        if report_only is not None:
+            self._report_threads(*report_only)
+        return self.finish(baseline)
+
+    def _report_threads(self, config: LoaderConfig, why: str) -> None:
+        """After the answer is settled and confirmed: one threaded configuration, measured for
+        the report only (threads were not allowed), if the budget leaves room and the check
+        passes. The answer is complete without it, so a spent budget just skips it."""
+        if self.elapsed() + self.last_trial_s > self.budget_s:
+            return
+        if self._threads_safe(config.threads):
+            self.trial(config, why)
+
+    def _pin_trial(self) -> None:
+        """With an accelerator, the answer so far with pin_memory the other way (the loop copies
+        each batch to the device, non_blocking from pinned memory), within the pinned budget."""
+        if self.dev is None or self.partial_reason is not None:
+            return
+        best = choose(self.space, self.trials)
+        if best is None:
+            return
+        flipped = replace(best.config, pin_memory=not best.config.pin_memory)
+        if any(t.config == flipped for t in self.trials):
+            return
+        why = f"pin_memory={flipped.pin_memory}: copies to {self.dev} " + (
+            "from pinned memory, non_blocking" if flipped.pin_memory else "from pageable memory"
+        )
+        skip = checks_transfer.pinned_over_budget(flipped, best.batch_bytes, self.facts.to_dict())
+        if skip is not None:
+            self.trials.append(Trial(flipped, why, skipped=skip))
+        elif self.elapsed() + self.last_trial_s <= self.budget_s:
+            self.trial(flipped, why)
+
+    def _threads_safe(self, threads: int) -> bool:
+        """Run the thread-safety check once, before the first threaded trial; a failure takes
+        threads out of the search (a finding says why)."""
+        if self.thread_check is None:
+            self.thread_check = thread_safety.check(self.loader.dataset, threads)
+            self.space = after_thread_check(self.space, self.thread_check)
+        return self.thread_check.ok
+
+    def confirm(self, baseline: Trial) -> None:
+        """Measure the leader again, with its closest rival and your settings, interleaved, and
+        pool the windows: one lucky window should not pick the answer, and the speed-up over
+        your settings should compare measurements taken side by side. When pooling changes the
+        leader, the new one is measured again too (at most twice more), within the budget."""
+        if self.space.consumer or self.partial_reason is not None:
+            return
+        again: set[int] = set()
+        for round_ in range(3):
+            best = choose(self.space, self.trials)
+            if best is None or id(best) in again:
+                return
+            group = [best]
+            if round_ == 0:
+                rivals = sorted(
+                    (t for t in self.trials if t.measured and t is not best and t is not baseline),
+                    key=lambda t: -t.median,
+                )
+                group += [t for t in rivals[:1] if t.median >= best.median * (1 - CONFIRM_WITHIN)]
+                group.append(baseline)
+            for t in group:
+                if id(t) in again:
+                    continue
+                if self.elapsed() + self.last_trial_s > self.budget_s:
+                    return
+                t.pool(self.trial(t.config, "measured again, side by side", record=False))
+                again.add(id(t))
+
+    def trial(
+        self, config: LoaderConfig, why: str, *, fatal: bool = False, record: bool = True
+    ) -> Trial:
+        interrupts.check()
+        index = len(self.trials)
+        self._report(Progress(index, config, why, self.elapsed(), self.budget_s))
+        began = self.clock()
+        try:
+            m = measure(
+                self.loader,
+                config,
+                seconds=self.trial_seconds,
+                windows_count=4,
+                consumer=self.consumer,
+                machine=self.facts,
+                target=self.target,
+                device=self.dev,
+            )
+            trial = Trial.of(m, why)
+        except (WorkerKilledError, PipelineTimeoutError) as exc:
+            if fatal:
+                raise
+            trial = Trial(config, why, error=str(exc))
+        except PipelineError as exc:
+            if fatal:
+                raise
+            trial = Trial(config, why, error=str(exc))
+            self.partial_reason = f"the pipeline failed with {config.label()}: {exc}"
+        self.last_trial_s = self.clock() - began
+        if record:
+            self.trials.append(trial)
+        self._report(Progress(index, config, why, self.elapsed(), self.budget_s, trial))
+        return trial
+
+    def _report(self, event: Progress) -> None:
+        if self.progress is not None:
+            self.progress(event)
+
+    def finish(self, baseline: Trial) -> TuneResult:
+        best = choose(self.space, self.trials) or baseline
+        samples = epoch_samples(self.loader)
+        persistent = advice.judge_persistent(best, samples)
+        advice.verdicts(self.space, self.trials, best)
+        final = advice.apply_persistent(best, persistent)
+        if final != best.config:
+            # persistent_workers changes only each epoch's start, not the steady-state rate.
+            best = replace(
+                best,
+                config=final,
+                reason=f"{best.reason}; persistent_workers set from the measured start-up cost",
+            )
+        described = self.consumer.describe() if self.consumer else None
+        return TuneResult(
+            machine=self.facts.to_dict(),
+            baseline=baseline,
+            best=best,
+            trials=self.trials,
+            findings=tune_findings(
+                self.space,
+                self.facts.to_dict(),
+                baseline,
+                best,
+                self.trials,
+                samples,
+                self.loader.batch_size,
+            )
+            + thread_findings(self.space, self.thread_check, self.trials, best)
+            + self._transfer_findings(best),
+            search_seconds=self.elapsed(),
+            reason=advice.reason(self.space, best, baseline, described, self.trials),
+            code=code_line(self.loader, final)
+            + (
+                ""
+                if self.dev is None
+                else "\n" + checks_transfer.copy_line(str(self.dev), bool(final.pin_memory))
+            ),
+            target=self.target,
+            batch_size=self.loader.batch_size,
+            consumer=self.consumer.to_dict() if self.consumer else None,
+            bottleneck=bottleneck_kind(  # the kind the bottleneck finding names
+                best,
+                self.space.cpus,
+                self.loader.batch_size,
+                pace_of(best, self.space.consumer),
+            ),
+            persistent=persistent,
+            partial=self.partial_reason is not None,
+            partial_reason=self.partial_reason,
+            feedrate_version=feedrate.__version__,
+        )
+
+    def _transfer_findings(self, best: Trial) -> list[Finding]:
+        """With an accelerator: what pinning measured end to end, and the memory it locks."""
+        if self.dev is None:
+            return []
+        found = []
+        flipped = replace(best.config, pin_memory=not best.config.pin_memory)
+        other = next((t for t in self.trials if t.measured and t.config == flipped), None)
+        if other is not None:
+            pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
+            pays, why = checks_transfer.pin_pays(pageable, pinned)
+            found.append(
+                Finding(
+                    "pin-memory-measured",
+                    "info",
+                    f"on {self.dev}: {why}",
+                    checks_transfer.copy_line(str(self.dev), pays),
+                )
+            )
+        pinned_f = checks_transfer.pinned_finding(best.config, best, self.facts.to_dict())
+        if pinned_f is not None:
+            found.append(pinned_f)
+        return found

@@ -1,0 +1,350 @@
+"""The online tuner (``search.tuner``) and the search step it shares with tune
+(``search.plan.next_trial``), driven with made-up observations and a fake clock: when a trial is
+done, the starved early stop, settling on the cheapest configuration that keeps the loop fed,
+the budget stopping a round, a configuration predicted over budget skipped, the thread-safety
+check asked for as an action, and the re-tune decision. Nothing here depends on the machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.evidence import ThreadCheck
+from feedrate.results.processes import ProbeReport, ProcessFigures
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial, probe_fields
+from feedrate.search.plan import next_trial
+from feedrate.search.propose import propose_online
+from feedrate.search.space import Proposal, Space
+from feedrate.search.tuner import (
+    RETUNE_STALL,
+    TRIAL_BATCHES,
+    TRIAL_S,
+    WATCH_BATCHES,
+    CheckThreads,
+    OnlineTuner,
+    Settle,
+    TrialTiming,
+    Try,
+    online,
+    window_rates,
+)
+
+MiB = 2**20
+
+
+def processes(cfg: LoaderConfig, worker_cpu: float = 0.1) -> ProbeReport:
+    """What a probe would report: workers that mostly wait (``worker_cpu`` of a core each)."""
+    workers = [
+        ProcessFigures("worker", worker_id=i, cpu_util=worker_cpu, uss_bytes=100 * MiB)
+        for i in range(cfg.num_workers)
+    ]
+    main = ProcessFigures("main", cpu_util=0.2, uss_bytes=200 * MiB)
+    return ProbeReport(wall_s=1.0, main=main, workers=workers, system_busy_cpus=0.5)
+
+
+class Loop:
+    """A training loop as ``AutoLoader`` feeds the tuner, on a fake clock: each worker makes a
+    batch every ``batch_s`` (no workers: the loop makes it, all of it waited for), the loop's
+    step takes ``step_s``; a switch of lanes is instant."""
+
+    def __init__(
+        self,
+        tuner: OnlineTuner,
+        *,
+        batch_s: float,
+        step_s: float,
+        check: ThreadCheck | None = None,
+    ) -> None:
+        self.tuner, self.batch_s, self.step_s, self.check = tuner, batch_s, step_s, check
+        self.now = 0.0
+        self.actions: list[object] = []
+
+    def wait(self, cfg: LoaderConfig) -> float:
+        w = cfg.num_workers * cfg.threads
+        return self.batch_s if w == 0 else max(0.0, self.batch_s / w - self.step_s)
+
+    def epoch(self, batches: int) -> None:
+        tuner = self.tuner
+        tuner.new_epoch(batches)
+        tuner.lane_started(self.now)
+        for _ in range(batches):
+            cfg = tuner.trial.config if tuner.trial is not None else tuner.config
+            wait = self.wait(cfg)
+            self.now += wait + self.step_s
+            size = 4096 if tuner.wants_batch_bytes else None
+            tuner.observe(16, wait, self.step_s, self.now, size)
+            if tuner.trial_done(self.now):
+                self.conclude(cfg, drain=True)
+        if tuner.trial is not None and tuner.trial.measured >= 4:  # as AutoLoader's epoch end
+            self.conclude(tuner.trial.config, drain=False)
+
+    def conclude(self, cfg: LoaderConfig, *, drain: bool) -> None:
+        action = self.tuner.conclude(self.now, processes(cfg))
+        self.actions.append(action)
+        while isinstance(action, CheckThreads):
+            assert self.check is not None, "the tuner asked for a thread check"
+            action = self.tuner.threads_checked(self.check, self.now)
+            self.actions.append(action)
+        move = (action.config, action.why) if isinstance(action, Try) else None
+        if isinstance(action, Settle) and action.config != self.tuner.config:
+            move = action.config, "settled"
+        if move is not None:
+            self.tuner.moved(*move, drain=drain)
+            if drain:  # the next lane takes over at once
+                self.tuner.switched(self.now)
+
+
+def tuner_from(
+    workers: int, *, settled: bool = False, stall: float | None = None, **space_kw: object
+) -> OnlineTuner:
+    start = online(LoaderConfig(workers))
+    space = Space(cpus=4, baseline=start, max_workers=32, consumer=True, **space_kw)  # type: ignore[arg-type]
+    return OnlineTuner(
+        space,
+        start,
+        "test",
+        settled=settled,
+        settled_stall=stall,
+        warmup=lambda cfg: cfg.num_workers + 2,
+    )
+
+
+def timing(wait: float, step: float, batches: int) -> TrialTiming:
+    st = TrialTiming(LoaderConfig(2), "test", warmup=0)
+    for i in range(batches):
+        st.add(16, wait, step, (i + 1) * (wait + step))
+    return st
+
+
+def test_a_trial_is_done_after_enough_batches_and_seconds() -> None:
+    assert timing(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)
+    assert not timing(0.01, 0.09, TRIAL_BATCHES - 1).done(TRIAL_S)  # too few batches
+    assert not timing(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S * 0.9)  # too short
+
+
+def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:
+    half, t_half = TRIAL_BATCHES // 2, TRIAL_S / 2
+    assert timing(0.09, 0.01, half).done(t_half)  # waits 90%: plain already
+    assert not timing(0.01, 0.09, half).done(t_half)  # fed: measured in full
+    assert not timing(0.09, 0.01, half - 1).done(t_half)
+    assert timing(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)
+
+
+def test_warm_up_batches_are_not_measured_and_open_the_window() -> None:
+    st = TrialTiming(LoaderConfig(2), "test", warmup=3)
+    st.start(10.0)
+    assert not st.opened
+    for i in range(3):
+        st.add(16, 1.0, 0.0, 11.0 + i)  # slow start-up batches
+    assert st.opened and st.began == 13.0 and st.measured == 0
+    for i in range(6):
+        st.add(16, 0.0, 0.1, 13.1 + 0.1 * i)
+    trial = st.result(None, None)
+    assert trial.stall_fraction == 0.0 and trial.samples_per_s == pytest.approx(160.0)
+
+
+def test_window_rates_are_the_samples_over_the_time_of_each_run_of_batches() -> None:
+    samples, waits, steps = [10] * 13, [0.0] * 13, [0.1] * 6 + [0.2] * 7
+    # 13 batches: 4 runs of 3, the last batch left out.
+    assert window_rates(samples, waits, steps) == pytest.approx([100, 100, 50, 50])
+    assert window_rates([10] * 5, [0.05] * 5, [0.05] * 5) == pytest.approx([100])
+    assert window_rates([], [], []) == [0.0]
+
+
+def test_an_online_trial_maps_the_probe_as_tune_does() -> None:
+    # One mapping from the probe's figures to a Trial's, shared with Trial.of.
+    report = processes(LoaderConfig(3), worker_cpu=0.4)
+    report.workers[0].pss_bytes, report.shm_peak_bytes = 70 * MiB, 5 * MiB
+    trial = timing(0.0, 0.1, 12).result(None, report)
+    for name, value in probe_fields(report).items():
+        assert getattr(trial, name) == value, name
+    assert trial.workers_cpu == pytest.approx(1.2) and trial.worker_uss_max_bytes == 100 * MiB
+    assert trial.spread is not None and trial.spread.estimator == "mad"
+
+
+def test_a_rate_above_what_the_loop_took_counts_as_a_stall() -> None:
+    trial = timing(0.0, 0.1, 12).result(1600.0, None)  # delivered 160 samples/s of 1600
+    assert trial.stall_fraction == pytest.approx(0.9)
+
+
+def test_settles_on_the_cheapest_configuration_that_keeps_the_loop_fed() -> None:
+    # A worker makes a batch every 100 ms, the step takes 50 ms: 2 workers feed it, 1 does not.
+    tuner = tuner_from(4)
+    loop = Loop(tuner, batch_s=0.1, step_s=0.05)
+    for _ in range(4):
+        loop.epoch(50)
+    report = tuner.report
+    assert report.settled and tuner.config.num_workers == 2
+    assert [t.config.num_workers for t in tuner.trials] == [4, 2, 1]
+    two, one = online(LoaderConfig(2)).label(), online(LoaderConfig(1)).label()
+    assert [e.what for e in report.events] == [f"try {two}", f"try {one}", f"settled on {two}"]
+    assert "keeps the step fed" in report.events[-1].why
+    assert tuner.settled_stall == 0.0
+
+
+def test_tunes_again_when_steps_get_faster() -> None:
+    tuner = tuner_from(4)
+    loop = Loop(tuner, batch_s=0.1, step_s=0.05)
+    for _ in range(4):
+        loop.epoch(50)  # slow steps: few workers suffice
+    assert tuner.report.settled
+    before = tuner.config.num_workers
+    loop.step_s = 0.005  # "compiled": the loop now waits on data
+    for _ in range(40):
+        loop.epoch(50)
+    report = tuner.report
+    assert report.retunes >= 1
+    assert any(e.what == "tune again" for e in report.events)
+    assert tuner.config.num_workers >= before
+    assert report.settled and tuner.config.num_workers > before  # it found more workers
+
+
+def test_one_noisy_watch_window_does_not_tune_again() -> None:
+    tuner = tuner_from(2, settled=True, stall=0.0)
+    tuner.new_epoch(None)
+    now = 0.0
+    for window in range(6):
+        wait = 0.05 if window % 2 == 0 else 0.0  # every other window stalls 50%
+        for _ in range(WATCH_BATCHES):
+            now += wait + 0.05
+            tuner.observe(16, wait, 0.05, now)
+    assert tuner.report.retunes == 0 and tuner.report.settled
+
+
+def test_a_loop_that_cannot_be_fed_is_not_re_tuned_from_the_cache() -> None:
+    # Settled with a stall the loop's own pace leaves (cached): the same stall is no stall come
+    # back; without a cached one, the first window is the reference.
+    for stall in (0.9, None):
+        tuner = tuner_from(2, settled=True, stall=stall)
+        tuner.new_epoch(None)
+        now = 0.0
+        for _ in range(10 * WATCH_BATCHES):
+            now += 0.1
+            tuner.observe(16, 0.09, 0.01, now)
+        assert tuner.report.retunes == 0
+        assert tuner.settled_stall is not None and tuner.settled_stall > RETUNE_STALL
+
+
+def test_the_budget_stops_a_round() -> None:
+    start = online(LoaderConfig(1))
+    space = Space(cpus=4, baseline=start, max_workers=32, consumer=True)
+    tuner = OnlineTuner(
+        space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1, budget_s=0.01
+    )
+    loop = Loop(tuner, batch_s=0.2, step_s=0.01)  # starved: more workers would be next
+    loop.epoch(50)
+    assert tuner.report.settled and len(tuner.trials) == 1
+    assert [e.what for e in tuner.report.events][:1] == ["stop trying"]
+    assert "budget_s=0.01" in tuner.report.events[0].why
+    assert isinstance(loop.actions[0], Settle)
+
+
+def test_a_configuration_predicted_over_the_memory_budget_is_skipped() -> None:
+    # 100 MiB a worker, 200 MiB the main process: 4 workers fit 600 MiB, 8 would not.
+    tuner = tuner_from(4, memory_budget=600 * MiB)
+    loop = Loop(tuner, batch_s=0.4, step_s=0.01)  # starved at 4: more workers would help
+    loop.epoch(60)
+    skipped = [t for t in tuner.trials if t.skipped]
+    assert skipped and all(t.config.num_workers > 4 for t in skipped)
+    assert "predicted memory" in (skipped[0].skipped or "")
+    tried = [e.what for e in tuner.report.events if e.what.startswith("try ")]
+    assert not any(f"try {t.config.label()}" in tried for t in skipped)
+
+
+def test_threads_are_tried_only_after_the_check_the_tuner_asks_for() -> None:
+    for ok in (True, False):
+        check = ThreadCheck(ok=ok, error=None if ok else "boom")
+        tuner = tuner_from(2, max_threads=8, allow_threads=True)
+        loop = Loop(tuner, batch_s=0.4, step_s=0.01, check=check)  # workers mostly wait
+        loop.epoch(60)
+        asks = [a for a in loop.actions if isinstance(a, CheckThreads)]
+        assert [a.threads for a in asks] == [8]  # once, before the first threaded trial
+        after = loop.actions[loop.actions.index(asks[0]) + 1]
+        threaded = isinstance(after, Try) and after.config.threads == 8
+        assert threaded == ok
+        if not ok:
+            assert any(e.what == "no threads" and "boom" in e.why for e in tuner.report.events)
+            assert all(t.config.threads == 1 for t in tuner.trials)
+
+
+def test_a_lane_that_fails_to_start_is_recorded_and_the_one_in_use_measured_again() -> None:
+    tuner = tuner_from(2)
+    tuner.new_epoch(None)
+    tuner.lane_started(0.0)
+    tuner.move_failed(LoaderConfig(8), "more", "no space left in /dev/shm", 1.0)
+    assert tuner.trials[-1].error == "did not start: no space left in /dev/shm"
+    assert tuner.report.events[-1].what == f"stay on {tuner.config.label()}"
+    assert tuner.trial is not None and tuner.trial.config == tuner.config and tuner.trial.opened
+
+
+# --- the step tune and autotune share ------------------------------------------------------
+
+
+def scripted(*proposals: Proposal) -> Callable[[Space, list[Trial]], Proposal | None]:
+    """A search that proposes ``proposals`` in turn (those with threads only while the space
+    has them), each once."""
+
+    def propose(space: Space, trials: list[Trial]) -> Proposal | None:
+        tried = {t.config for t in trials}
+        for cfg, why in proposals:
+            if cfg not in tried and cfg.threads <= space.max_threads:
+                return cfg, why
+        return None
+
+    return propose
+
+
+def measured(cfg: LoaderConfig) -> Trial:
+    return Trial(
+        cfg,
+        "test",
+        samples_per_s=100.0,
+        spread=Spread.of_rates([100.0] * 4),
+        main_uss_bytes=200 * MiB,
+        worker_uss_max_bytes=100 * MiB,
+    )
+
+
+SPACE = Space(cpus=2, baseline=LoaderConfig(0), max_workers=16, memory_budget=600 * MiB)
+
+
+def test_next_trial_skips_what_is_predicted_over_budget_then_tries() -> None:
+    propose = scripted((LoaderConfig(8), "eight"), (LoaderConfig(2), "two"))
+    step = next_trial(SPACE, [measured(LoaderConfig(0))], propose, spent=False)
+    assert (step.action, step.config, step.why) == ("try", LoaderConfig(2), "two")
+    assert [(t.config, bool(t.skipped)) for t in step.skipped] == [(LoaderConfig(8), True)]
+
+
+def test_next_trial_stops_when_the_budget_is_spent_or_nothing_is_left() -> None:
+    propose = scripted((LoaderConfig(2), "two"))
+    trials = [measured(LoaderConfig(0))]
+    step = next_trial(SPACE, trials, propose, spent=True)
+    assert (step.action, step.config) == ("budget_spent", LoaderConfig(2))
+    trials.append(measured(LoaderConfig(2)))
+    assert next_trial(SPACE, trials, propose, spent=False).action == "done"
+
+
+def test_next_trial_keeps_threads_for_the_report_unless_allowed() -> None:
+    threaded = LoaderConfig(2, threads=8)
+    propose = scripted((threaded, "threads"))
+    trials = [measured(LoaderConfig(0))]
+    space = replace(SPACE, max_threads=8)
+    assert next_trial(space, trials, propose, spent=False).action == "report_only"
+    allowed = replace(space, allow_threads=True)
+    assert next_trial(allowed, trials, propose, spent=False).action == "check_threads"
+    passed = next_trial(allowed, trials, propose, spent=False, thread_check=ThreadCheck(ok=True))
+    assert (passed.action, passed.config) == ("try", threaded)
+    failed = next_trial(allowed, trials, propose, spent=False, thread_check=ThreadCheck(ok=False))
+    assert failed.action == "done"  # the failed check took threads out of the space
+
+
+def test_the_online_search_steps_through_next_trial() -> None:
+    # autotune's proposals go through the same step: a starved trial proposes more workers.
+    space = Space(cpus=4, baseline=online(LoaderConfig(2)), max_workers=32, consumer=True)
+    trial = replace(measured(online(LoaderConfig(2))), stall_fraction=0.8, workers_cpu=0.2)
+    step = next_trial(space, [trial], propose_online, spent=False)
+    assert step.action == "try" and step.config is not None and step.config.num_workers > 2
