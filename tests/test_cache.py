@@ -117,3 +117,34 @@ def test_a_cached_answer_beyond_max_workers_is_not_started_from() -> None:
         with feedrate.autotune(loader, machine=facts, max_workers=2) as auto:
             assert auto.report().started_from != FROM_CACHE
             assert auto.config.num_workers <= 2
+
+
+class OwnLoader(DataLoader[Any]):
+    """Another loader class over the same dataset: another pipeline."""
+
+
+def test_the_key_covers_what_makes_a_loader_different() -> None:
+    # Issue 16.4: loader_a (w=0) and loader_b (w=2 persistent) of one Dataset class must not
+    # share an answer: the user's settings are the baseline every figure is measured against.
+    facts, options = collect(), cache.tune_options(device=None)
+    base = DataLoader(TinyDataset(64), batch_size=8)
+    same = DataLoader(TinyDataset(64), batch_size=8)
+    others = [
+        DataLoader(TinyDataset(64), batch_size=8, num_workers=2, persistent_workers=True),
+        DataLoader(TinyDataset(64), batch_size=16),
+        DataLoader(TinyDataset(64), batch_size=8, shuffle=True),
+        DataLoader(TinyDataset(64), batch_size=8, collate_fn=lambda b: b),
+        DataLoader(TinyDataset(64), batch_size=8, pin_memory=True),
+        OwnLoader(TinyDataset(64), batch_size=8),
+    ]
+    key = cache.key(facts, base, options)
+    assert cache.key(facts, same, options) == key
+    assert len({key, *(cache.key(facts, o, options) for o in others)}) == 1 + len(others)
+
+
+def test_a_cached_answer_names_the_target_asked_about() -> None:
+    loader = DataLoader(TinyDataset(64), batch_size=8)
+    first = tune(loader, budget_s=10, trial_seconds=0.2, target="a.py:loader", max_workers=2)
+    again = tune(loader, budget_s=10, trial_seconds=0.2, target="b.py:loader", max_workers=2)
+    assert not first.from_cache and again.from_cache
+    assert again.target == "b.py:loader" and again.baseline.config == first.baseline.config

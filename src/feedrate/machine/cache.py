@@ -18,6 +18,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
 
 #: Machine facts that change the answer; the free memory of the moment does not.
@@ -62,13 +63,19 @@ def _name(obj: Any) -> str | None:
 
 
 def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
-    """What identifies a pipeline, as plain data."""
+    """What identifies a pipeline, as plain data: the loader's class and its own settings (the
+    baseline every answer is measured against), the dataset (class, source, length), the
+    batching, sampling, collation and worker set-up. Two loaders of one dataset class with
+    other settings are other pipelines."""
     dataset = loader.dataset
     try:
         length: int | None = len(dataset)  # type: ignore[arg-type]
     except TypeError:
         length = None
+    ctx = loader.multiprocessing_context
     return {
+        "loader": _name(loader),
+        "settings": config_of(loader).to_dict(),
         "dataset": _name(dataset),
         "dataset_source": _source_digest(dataset),
         "length": length,
@@ -80,6 +87,8 @@ def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
         "collate_source": _source_digest(loader.collate_fn)
         if inspect.isfunction(loader.collate_fn)
         else None,
+        "worker_init_fn": _name(loader.worker_init_fn),
+        "start_method": ctx if ctx is None or isinstance(ctx, str) else ctx.get_start_method(),
     }
 
 

@@ -97,6 +97,7 @@ def tune(
     if use_cache and not fresh:
         hit = _from_cache(cache_key, source)
         if hit is not None:
+            hit.target = target  # the same pipeline (settings included) under this name
             return hit
     run = TuneSearch(loader, space, consumer, trial_seconds, budget_s, facts, target, progress, dev)
     with interrupts.stoppable():
