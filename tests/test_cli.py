@@ -160,15 +160,15 @@ def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
         # iterator constructor is a known, rarer case: see the README's "Not yet").
         time.sleep(2.0)
         os.kill(proc.pid, signal.SIGINT)
-        interrupted = time.monotonic()
-        _, alive = psutil.wait_procs(workers, timeout=2.0)
-        elapsed = time.monotonic() - interrupted
-        _, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=60)  # it must end; how soon depends on the load
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not alive, f"workers alive {elapsed:.1f} s after Ctrl-C: {[p.pid for p in alive]}"
+    # feedrate stops its workers before it exits: none may outlive it (an exited worker not yet
+    # reaped is a zombie, gone).
+    alive = [p for p in workers if _running(p)]
+    assert not alive, f"workers alive after feedrate exited on Ctrl-C: {[p.pid for p in alive]}"
     assert proc.returncode == 130
     assert "interrupted" in stderr and "Traceback" not in stderr
 
@@ -209,6 +209,13 @@ def test_ctrl_c_while_torch_loads_is_an_interruption_not_a_traceback() -> None:
 
 def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _wait_for_children(pid: int, count: int, timeout_s: float) -> list[psutil.Process]:
@@ -281,7 +288,7 @@ def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_p
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--rate", "0"], "--rate must be positive"),
+        (["--rate", "0"], "--rate must be a positive number of samples/s, got 0"),
         (["--budget-s", "1"], "too short to measure anything"),
         (["--memory-limit", "lots"], "is not a size"),
         (["--rate", "10", "--step-time", "1"], "at most one"),

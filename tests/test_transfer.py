@@ -122,14 +122,38 @@ def test_to_device_keeps_the_batch_structure() -> None:
     assert torch.equal(moved["a"][0], torch.ones(2))
 
 
+class TickingClock:
+    """Moves 0.125 s at every reading, and by whatever a step adds: exact, whatever the load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.125
+        return self.now
+
+
 def test_device_step_copies_then_runs_the_step() -> None:
+    clock = TickingClock()
     seen: list[tuple[torch.Tensor, int]] = []
-    step = DeviceStep(CPU, non_blocking=False, inner=lambda b, n: seen.append((b, n)))
+
+    def inner(batch: torch.Tensor, samples: int) -> None:
+        seen.append((batch, samples))
+        clock.now += 0.25  # the step's own time
+
+    step = DeviceStep(CPU, non_blocking=False, inner=inner, clock=clock)
     step(torch.ones(4), 4)
     step(torch.ones(4), 4)
     figures = step.figures()
     assert figures["batches"] == 2 and len(seen) == 2 and seen[0][1] == 4
-    assert figures["copy_s_per_batch"] >= 0 and figures["step_s_per_batch"] is not None
+    # Each part is timed from its own start: the copy one tick, the step a tick and its 0.25 s.
+    assert figures["copy_s_per_batch"] == 0.125
+    assert figures["step_s_per_batch"] == 0.375
+    alone = DeviceStep(CPU, non_blocking=False, clock=TickingClock())
+    alone(torch.ones(4), 4)
+    assert (
+        alone.figures()["step_s_per_batch"] is None and alone.figures()["copy_s_per_batch"] == 0.125
+    )
 
 
 def test_measure_with_a_device_copies_every_batch() -> None:

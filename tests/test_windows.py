@@ -490,14 +490,14 @@ def test_batch_plan_alone_measures_the_batches_asked_for() -> None:
     assert sum(w.batches for w in t.windows) == 20
 
 
-def test_zero_warmup_is_rejected_or_still_measures_single_batch_epochs() -> None:
-    try:
-        plan = WindowPlan(windows=2, seconds=4.0, warmup_batches=0, max_epochs=20)
-    except ValueError:
-        return
+def test_zero_warmup_is_rejected_and_single_batch_epochs_still_measure() -> None:
+    with pytest.raises(ValueError, match="the first batch carries start-up"):
+        WindowPlan(windows=2, seconds=4.0, warmup_batches=0, max_epochs=20)
     _, loader = scripted(0.5, length=1)
-    t = measure(loader, plan)
-    assert t.windows
+    t = measure(loader, WindowPlan(windows=2, seconds=4.0, warmup_batches=1, max_epochs=20))
+    assert t.method == "whole-epochs"
+    assert [w.batches for w in t.windows] == [1] * 8  # 0.5 s epochs, timed whole, to 4 s
+    assert sum(w.seconds for w in t.windows) == 4.0
 
 
 def test_whole_epochs_honour_the_time_budget() -> None:

@@ -1,9 +1,10 @@
 """``doctor``: what is wrong or risky in a DataLoader pipeline on this machine, with the evidence
 and the fix. ``tune_checks``: the same dataset and resource checks, run inside ``tune``.
 
-Orchestration only: the experiments that run the pipeline are in ``experiments`` (and
-``measuring`` for throughput), the rules that judge their evidence in ``checks``,
-``checks_machine`` and ``checks_dataset``, the result is plain data (``report.Report``).
+Orchestration only: what it looks for and the steps that gather the evidence are listed in
+``doctor_steps``, the experiments that run the pipeline are in ``measuring`` (the throughput
+comparison in ``doctor_trials``), the rules that judge their evidence in ``checks``, and the
+result is plain data (``results.doctor.Report``).
 
 The doctor does not search: it measures your settings and a few informative alternatives (no
 workers, one per usable CPU, twice as many when workers mostly wait), briefly, and only claims
@@ -41,7 +42,7 @@ from feedrate.checks.workers import (
 )
 from feedrate.errors import PipelineError, UserError
 from feedrate.loader.batches import epoch_samples
-from feedrate.loader.rebuild import config_of, is_iterable_style
+from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import workers as worker_runs
 from feedrate.measuring.consumer import Consumer, make_consumer
@@ -52,50 +53,17 @@ from feedrate.results.doctor import CheckRun, CheckStatus, Report
 from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
+from feedrate.workflows.doctor_steps import (
+    BRIEF_SECONDS,
+    MEMORY_SECONDS,
+    STEPS,
+    TUNE_CHECKS,
+)
+from feedrate.workflows.doctor_steps import CHECKS as CHECKS  # re-exported: doctor's contract
+from feedrate.workflows.doctor_steps import wanted_checks as wanted_checks
 from feedrate.workflows.doctor_trials import TRIAL_SECONDS, Comparison
 
-#: Every finding id the doctor reports, each with the steps that gather its evidence ("static"
-#: needs none beyond the machine facts and the loader's settings).
-CHECKS: dict[str, tuple[str, ...]] = {
-    "bottleneck": ("performance", "memory"),  # memory: a batch to time a --step on
-    "too-few-workers": ("performance",),
-    "too-many-workers": ("performance",),
-    "startup-cost": ("performance", "workers"),
-    "shm-too-small": ("memory", "performance"),
-    "fd-limit": ("memory",),
-    "pin-memory-unused": ("static", "memory"),
-    "pin-memory-no-accelerator": ("static",),
-    "cpu-quota": ("static",),
-    "copy-on-read": ("memory",),
-    "iterable-duplicates": ("duplicates",),
-    "shared-rng": ("workers",),
-    "thread-oversubscription": ("workers", "memory"),
-    "busy-machine": ("performance",),
-    "data-stall": ("performance", "memory"),
-}
-#: The steps in the order they run (cheap and independent of the pipeline's speed first),
-#: each with what it does, as findings name it.
-STEPS = {
-    "workers": "look inside 2 workers (after worker_init_fn)",
-    "duplicates": "IterableDataset run in 2 workers",
-    "memory": "memory run (your loader with 2 workers)",
-    "performance": "throughput measurement",
-}
-#: What ``tune`` adds to its own findings (its search covers the rest).
-TUNE_CHECKS = (
-    "shm-too-small",
-    "fd-limit",
-    "pin-memory-unused",
-    "copy-on-read",
-    "iterable-duplicates",
-    "shared-rng",
-    "thread-oversubscription",
-)
 _AFTER_FAILURE = "the pipeline failed in an earlier step"
-#: Seconds of the memory run where the dataset holds large Python containers (to see worker
-#: memory grow), and otherwise (a batch, and the workers' threads while loading).
-MEMORY_SECONDS = 2.5
-BRIEF_SECONDS = 0.5
 
 
 def doctor(
@@ -125,9 +93,7 @@ def doctor(
     failure is in ``Report.pipeline_error`` and a ``check-failed`` finding. Raises
     ``UserError`` for bad arguments. No worker outlives the call.
     """
-    loader = source() if callable(source) and not isinstance(source, DataLoader) else source
-    if not isinstance(loader, DataLoader):
-        raise UserError(f"expected a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    loader = loader_of(source)
     if trial_seconds <= 0 or timeout_s <= 0:
         raise UserError(
             "trial_seconds and timeout_s must be positive", params=("trial_seconds", "timeout_s")
@@ -173,18 +139,6 @@ def _facts(machine: MachineFacts | Mapping[str, Any] | None) -> MachineFacts:
     if unknown:
         raise UserError(f"unknown machine fact {', '.join(map(repr, unknown))}")
     return MachineFacts.from_dict({**facts.to_dict(), **machine})
-
-
-def wanted_checks(ids: Collection[str] | None) -> set[str]:
-    """The finding ids to look for (all for None); ``UserError`` naming any unknown one."""
-    if ids is None:
-        return set(CHECKS)
-    unknown = sorted(set(ids) - set(CHECKS))
-    if unknown:
-        raise UserError(
-            f"unknown check {', '.join(map(repr, unknown))}: choose from {', '.join(CHECKS)}"
-        )
-    return set(ids)
 
 
 @dataclass

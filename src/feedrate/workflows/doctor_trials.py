@@ -9,6 +9,7 @@ without it (the loader alone), and the consumer is timed alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -33,11 +34,16 @@ from feedrate.search.space import Space, beats, covers, fastest, predict_over_bu
 TRIAL_SECONDS = 1.5
 #: The most workers tried when workers mostly wait (this diagnoses; it does not tune).
 LATENCY_CAP = 64
+#: Measures one configuration for the comparison: (settings, why, consumer) → its ``Trial``;
+#: raises ``PipelineError`` when the pipeline fails. The default runs ``measure``; tests pass
+#: a fake, so the comparison's choices are tested on known figures, not on the machine's speed.
+MeasureTrial = Callable[[LoaderConfig, str, Consumer | None], Trial]
 
 
 class Comparison:
     """Measure ``loader``'s own settings (``baseline``), then with ``run(alternatives=True)`` the
-    alternatives (``trials``) and choose the ``best`` as ``tune`` would among them."""
+    alternatives (``trials``) and choose the ``best`` as ``tune`` would among them.
+    ``measure_trial``: how one configuration is measured (default: ``measure`` on ``loader``)."""
 
     def __init__(
         self,
@@ -47,9 +53,11 @@ class Comparison:
         *,
         seconds: float = TRIAL_SECONDS,
         timeout_s: float = 30.0,
+        measure_trial: MeasureTrial | None = None,
     ) -> None:
         self.loader, self.facts, self.consumer = loader, facts, consumer
         self.seconds, self.timeout_s = seconds, timeout_s
+        self.measure_trial = measure_trial or self._measured
         self.config = config_of(loader)
         self.baseline: Trial | None = None
         self.trials: list[Trial] = []
@@ -84,24 +92,27 @@ class Comparison:
     def measured(self) -> list[Trial]:
         return [t for t in self.all_trials if t.measured]
 
+    def _measured(self, cfg: LoaderConfig, why: str, consumer: Consumer | None) -> Trial:
+        m = measure(
+            self.loader,
+            cfg,
+            seconds=self.seconds,
+            windows_count=3,
+            timeout_s=self.timeout_s,
+            consumer=consumer,
+            machine=self.facts,
+        )
+        return Trial.of(m, why)
+
     def _trial(
         self, cfg: LoaderConfig, why: str, consumer: Consumer | None, *, fatal: bool = False
     ) -> Trial:
         try:
-            m = measure(
-                self.loader,
-                cfg,
-                seconds=self.seconds,
-                windows_count=3,
-                timeout_s=self.timeout_s,
-                consumer=consumer,
-                machine=self.facts,
-            )
+            return self.measure_trial(cfg, why, consumer)
         except (WorkerKilledError, PipelineTimeoutError) as exc:
             if fatal:
                 raise
             return Trial(cfg, why, error=str(exc))  # this many workers may be what kills it
-        return Trial.of(m, why)
 
     def _try(self, cfg: LoaderConfig, why: str) -> None:
         space = self._space()
