@@ -189,6 +189,27 @@ main(sys.argv[1:])
 """
 
 
+# The same at the first import of click, while the command line loads itself: the console
+# script's own entry (feedrate.__main__.main) says it in one line too.
+_INTERRUPT_CLICK_IMPORT = _INTERRUPT_TORCH_IMPORT.replace('"torch"', '"click"').replace(
+    "from feedrate.cli import main\nmain(sys.argv[1:])",
+    "sys.argv = ['feedrate', *sys.argv[1:]]\nfrom feedrate.__main__ import main\nmain()",
+)
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
+    assert '"click"' in _INTERRUPT_CLICK_IMPORT and "feedrate.__main__" in _INTERRUPT_CLICK_IMPORT
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_CLICK_IMPORT, "env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=default_sigint,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert "feedrate: interrupted" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_command_line_starts_without_torch() -> None:
     code = "import sys, feedrate, feedrate.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
