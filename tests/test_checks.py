@@ -357,8 +357,20 @@ def test_busy_machine_from_cpus_others_kept_busy() -> None:
     busy.system_busy_cpus = 1.9  # 1.0 CPU someone else's
     found = busy_machine_finding([quiet, busy], 2)
     assert found is not None and found.id == "busy-machine" and found.severity == "info"
-    assert "0.5 of the 2 usable CPUs" in found.message
+    assert "1.0 of the 2 usable CPUs busy while w=2 pf=2 persistent was measured" in found.message
     assert busy_machine_finding([trial(2)], 2) is None  # not known
+
+
+def test_one_loaded_trial_among_quiet_ones_is_named() -> None:
+    # Judged trial by trial: an average over four quiet trials would hide the one that others
+    # loaded, and that one alone can flip "2 workers" against "none".
+    quiet = [trial(w, main=0.1, each=0.2) for w in (0, 1, 3)]
+    for t in quiet:
+        t.system_busy_cpus = t.main_cpu + t.workers_cpu
+    loaded = trial(2, main=0.1, each=0.4)
+    loaded.system_busy_cpus = 1.9
+    found = busy_machine_finding([*quiet, loaded], 2)
+    assert found is not None and "while w=2 pf=2 persistent was measured" in found.message
 
 
 def test_check_failed_names_the_check_and_what_it_took_down() -> None:

@@ -142,24 +142,32 @@ def data_stall_finding(together: Trial, fix: str) -> Finding | None:
 
 
 def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
-    """Other processes kept CPUs busy while the trials ran (the machine's busy CPUs less the
-    pipeline's own): the rates, and verdicts drawn from them, hold for a machine that busy."""
+    """Other processes kept CPUs busy while a trial ran (the machine's busy CPUs less the
+    pipeline's own), judged trial by trial: one loaded trial among quiet ones is enough to tip
+    a comparison, so the most loaded one decides and is named."""
     others = [
-        t.system_busy_cpus - t.main_cpu - t.workers_cpu
+        (t.system_busy_cpus - t.main_cpu - t.workers_cpu, t)
         for t in trials
         if t.measured and t.system_busy_cpus is not None
     ]
     if not others:
         return None
-    busy = sum(others) / len(others)
+    busy, worst = max(others, key=lambda pair: pair[0])
     if busy < max(BUSY_OTHERS_MIN, BUSY_OTHERS_SHARE * cpus):
         return None
+    loaded = sum(1 for b, _ in others if b >= max(BUSY_OTHERS_MIN, BUSY_OTHERS_SHARE * cpus))
+    which = (
+        f"while {worst.config.label()} was measured"
+        if loaded == 1
+        else f"during {loaded} of the {len(others)} trials (most while {worst.config.label()} "
+        "was measured)"
+    )
     return Finding(
         "busy-machine",
         "info",
-        f"other processes kept {busy:.1f} of the {cpus} usable CPUs busy while the pipeline "
-        "was measured: rates are lower and noisier than on a quiet machine, and the worker "
-        "count that measured best is the best for a machine this busy",
+        f"other processes kept {busy:.1f} of the {cpus} usable CPUs busy {which}: rates are "
+        "lower and noisier than on a quiet machine, and a verdict that rests on that trial "
+        "holds for a machine this busy",
         "measure again on a quiet machine, or give the job CPUs of its own (taskset, cpusets, "
         "a container's --cpuset-cpus)",
     )
@@ -268,8 +276,9 @@ DOCS = (
         ),
         evidence=(
             "From `doctor`: the machine's busy CPUs (all processes) less the pipeline's own (main "
-            "process and workers), averaged over the configurations measured; reported from 0.5 "
-            "CPUs or a quarter of the usable CPUs, whichever is more."
+            "process and workers), judged for each configuration measured (one loaded trial can "
+            "tip a comparison); reported when the most loaded one reaches 0.5 CPUs or a quarter "
+            "of the usable CPUs, whichever is more, and it names that configuration."
         ),
         fix=(
             "Measure again on a quiet machine, or give the job CPUs of its own (`taskset`, "
