@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 import feedrate
-from feedrate.checks.catalog import CATALOG, close_matches, explain, markdown_section
+from feedrate.checks.catalog import (
+    CATALOG,
+    TABLE_HEAD,
+    close_matches,
+    explain,
+    markdown_section,
+    reference,
+)
 from feedrate.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +47,11 @@ def test_the_guide_holds_the_catalog_word_for_word() -> None:
     page = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
     for doc in CATALOG.values():
         assert markdown_section(doc) in page, doc.id
+    intro = page[: page.index(TABLE_HEAD)]
+    assert page == reference(intro), (
+        'docs/findings.md is out of date: python -c "from feedrate.checks.catalog import '
+        'rewrite_page; rewrite_page()"'
+    )
 
 
 def test_an_unknown_id_suggests_the_near_one() -> None:

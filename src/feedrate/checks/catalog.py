@@ -48,3 +48,27 @@ def markdown_section(doc: FindingDoc) -> str:
         f"**Fix.** {doc.fix}\n\n"
         f"**Severity.** {doc.severity}\n"
     )
+
+
+#: Where the findings reference begins on docs/findings.md: the text above it is the page's own.
+TABLE_HEAD = "| id | in short | severity |"
+
+
+def reference(intro: str) -> str:
+    """docs/findings.md: ``intro`` (the page's own text, up to the table), then a table of
+    every id and a section per id (``markdown_section``)."""
+    rows = [TABLE_HEAD, "| --- | --- | --- |"]
+    rows += [f"| [`{d.id}`](#{d.id}) | {d.title} | {d.severity} |" for d in CATALOG.values()]
+    sections = "\n".join(markdown_section(d) for d in CATALOG.values())
+    return intro + "\n".join(rows) + "\n\n" + sections
+
+
+def rewrite_page(path: str = "docs/findings.md") -> None:
+    """Write the reference into the page at ``path`` again, keeping its introduction. From the
+    repository: ``python -c "from feedrate.checks.catalog import rewrite_page; rewrite_page()"``.
+    """
+    from pathlib import Path
+
+    page = Path(path)
+    text = page.read_text(encoding="utf-8")
+    page.write_text(reference(text[: text.index(TABLE_HEAD)]), encoding="utf-8")
