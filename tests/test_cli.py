@@ -16,14 +16,10 @@ import pytest
 
 from feedrate.cli import main
 
+from faults import wait_for_children, write_target
+
 TESTS = Path(__file__).parent
 EXAMPLES = TESTS.parent / "examples"
-
-
-def write_target(tmp_path: Path, body: str, name: str = "pipe.py") -> Path:
-    path = tmp_path / name
-    path.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n{body}\n")
-    return path
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
@@ -155,7 +151,7 @@ def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
         preexec_fn=default_sigint,  # a run started with `&` passes SIGINT on ignored
     )
     try:
-        workers = _wait_for_children(proc.pid, 3, timeout_s=60)
+        workers = wait_for_children(proc.pid, 3, timeout_s=60)
         # Interrupt the measurement itself, past worker start-up (a Ctrl-C inside DataLoader's
         # iterator constructor is a known, rarer case: see the README's "Not yet").
         time.sleep(2.0)
@@ -197,28 +193,26 @@ _INTERRUPT_CLICK_IMPORT = _INTERRUPT_TORCH_IMPORT.replace('"torch"', '"click"').
 )
 
 
-def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
-    assert '"click"' in _INTERRUPT_CLICK_IMPORT and "feedrate.__main__" in _INTERRUPT_CLICK_IMPORT
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERRUPT_CLICK_IMPORT, "env"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=default_sigint,
-    )
-    assert proc.returncode == 130, proc.stderr
-    assert "feedrate: interrupted" in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_the_command_line_starts_without_torch() -> None:
     code = "import sys, feedrate, feedrate.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-def test_ctrl_c_while_torch_loads_is_an_interruption_not_a_traceback() -> None:
+@pytest.mark.parametrize(
+    ("script", "command"),
+    [
+        (_INTERRUPT_TORCH_IMPORT, ["measure", f"{EXAMPLES}/images.py:loader"]),
+        (_INTERRUPT_CLICK_IMPORT, ["env"]),
+    ],
+    ids=["while-torch-loads", "while-the-command-line-loads"],
+)
+def test_ctrl_c_during_an_import_is_an_interruption_not_a_traceback(
+    script: str, command: list[str]
+) -> None:
+    assert '"click"' in _INTERRUPT_CLICK_IMPORT and "feedrate.__main__" in _INTERRUPT_CLICK_IMPORT
     proc = subprocess.run(
-        [sys.executable, "-c", _INTERRUPT_TORCH_IMPORT, "measure", f"{EXAMPLES}/images.py:loader"],
+        [sys.executable, "-c", script, *command],
         capture_output=True,
         text=True,
         timeout=120,
@@ -237,17 +231,6 @@ def _running(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def _wait_for_children(pid: int, count: int, timeout_s: float) -> list[psutil.Process]:
-    parent = psutil.Process(pid)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        kids = parent.children(recursive=True)
-        if len(kids) >= count:
-            return kids
-        time.sleep(0.1)
-    raise AssertionError(f"feedrate did not start {count} workers in {timeout_s} s")
 
 
 def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_path: Path) -> None:
