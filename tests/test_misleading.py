@@ -127,3 +127,16 @@ def test_tune_says_when_every_worker_trial_crashed(case: str) -> None:
     assert result.best.config.num_workers == 0
     assert "trials-failed" in ids, [f.id for f in result.findings]
     assert "every configuration with workers failed" in result.reason
+
+
+def test_an_answer_that_rests_on_a_loaded_trial_says_so() -> None:
+    # Issue 17.5: tune measured w=2 while others took a CPU and answered w=0 with a confident
+    # reason; the answer must say it rests on a contended measurement.
+    space = Space(2, LoaderConfig(0), 128)
+    best, two = measured(0, 300.0), measured(2, 150.0, each=0.4)
+    two.system_busy_cpus = 2.0  # 0.1 + 0.8 ours: others kept 1.1 CPUs busy
+    best.system_busy_cpus = best.main_cpu
+    assert "quiet machine" not in reason(space, best, best, None, [best])
+    why = reason(space, best, best, None, [best, two])
+    assert "Other processes kept 1.1 of the 2 CPUs busy while w=2 pf=2 persistent was" in why
+    assert "on a quiet machine the answer may differ" in why

@@ -7,15 +7,8 @@ from __future__ import annotations
 from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.trial import Trial
 from feedrate.search.advice import judge_persistent
-from feedrate.search.space import STALL_MARGIN, beats, covers
+from feedrate.search.space import STALL_MARGIN, beats, contended, covers, others_busy
 from feedrate.units import size
-
-#: Other processes busy on this many CPUs (or this share of the usable ones, if more) make the
-#: machine too busy for rates to be taken at face value.
-BUSY_OTHERS_MIN = 0.5
-
-
-BUSY_OTHERS_SHARE = 0.25
 
 
 def worker_count_finding(baseline: Trial, best: Trial) -> Finding | None:
@@ -145,17 +138,13 @@ def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
     """Other processes kept CPUs busy while a trial ran (the machine's busy CPUs less the
     pipeline's own), judged trial by trial: one loaded trial among quiet ones is enough to tip
     a comparison, so the most loaded one decides and is named."""
-    others = [
-        (t.system_busy_cpus - t.main_cpu - t.workers_cpu, t)
-        for t in trials
-        if t.measured and t.system_busy_cpus is not None
-    ]
+    others = [(busy, t) for t in trials if (busy := others_busy(t)) is not None]
     if not others:
         return None
     busy, worst = max(others, key=lambda pair: pair[0])
-    if busy < max(BUSY_OTHERS_MIN, BUSY_OTHERS_SHARE * cpus):
+    if not contended(worst, cpus):
         return None
-    loaded = sum(1 for b, _ in others if b >= max(BUSY_OTHERS_MIN, BUSY_OTHERS_SHARE * cpus))
+    loaded = sum(1 for _, t in others if contended(t, cpus))
     which = (
         f"while {worst.config.label()} was measured"
         if loaded == 1

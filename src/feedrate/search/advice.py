@@ -9,7 +9,15 @@ from typing import Any
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
-from feedrate.search.space import Space, beats, covers, fastest, series
+from feedrate.search.space import (
+    Space,
+    beats,
+    contended,
+    covers,
+    fastest,
+    others_busy,
+    series,
+)
 
 #: persistent_workers pays when restarting workers costs at least this share of an epoch...
 PERSISTENT_SHARE = 0.01
@@ -77,7 +85,30 @@ def reason(
     consumer: str | None,
     trials: list[Trial] | None = None,
 ) -> str:
-    """One sentence: why this configuration."""
+    """One sentence: why this configuration; and when the answer rests on trials others
+    loaded (``contended``: the answer itself, your settings, or one it was preferred to), a
+    second saying so."""
+    why = _reason(space, best, baseline, consumer, trials)
+    compared = [best, baseline, *(t for t in trials or [] if t.measured)]
+    unique = list({id(t): t for t in compared}.values())
+    loaded = [t for t in unique if contended(t, space.cpus)]
+    if not loaded:
+        return why
+    busy = max(others_busy(t) or 0.0 for t in loaded)
+    names = " and ".join(dict.fromkeys(t.config.label() for t in loaded))
+    return (
+        f"{why} Other processes kept {busy:.1f} of the {space.cpus} CPUs busy while {names} "
+        "was measured: on a quiet machine the answer may differ."
+    )
+
+
+def _reason(
+    space: Space,
+    best: Trial,
+    baseline: Trial,
+    consumer: str | None,
+    trials: list[Trial] | None,
+) -> str:
     w, cpus = best.config.num_workers, space.cpus
     if consumer is not None:
         if covers(best):

@@ -115,6 +115,26 @@ def threads_win(space: Space, top: Trial, trials: list[Trial]) -> bool:
     return space.allow_threads and any(beats(t, top) for t in threaded(trials))
 
 
+#: Other processes busy on this many CPUs (or this share of the usable ones, if more) during a
+#: trial make its rate a figure for a machine that busy, not for this one when quiet.
+CONTENDED_MIN = 0.5
+CONTENDED_SHARE = 0.25
+
+
+def others_busy(t: Trial) -> float | None:
+    """CPUs other processes kept busy while ``t`` ran: the machine's busy CPUs less the
+    pipeline's own (None where the machine's were not read)."""
+    if not t.measured or t.system_busy_cpus is None:
+        return None
+    return max(0.0, t.system_busy_cpus - t.main_cpu - t.workers_cpu)
+
+
+def contended(t: Trial, cpus: int) -> bool:
+    """Others were busy enough during ``t`` for its rate to rest on their load."""
+    busy = others_busy(t)
+    return busy is not None and busy >= max(CONTENDED_MIN, CONTENDED_SHARE * cpus)
+
+
 def fastest(trials: list[Trial]) -> Trial | None:
     measured = [t for t in trials if t.measured]
     return max(measured, key=lambda t: t.median) if measured else None
