@@ -120,3 +120,81 @@ class HangsAfter(Squares):
         while i >= self.at:
             time.sleep(0.05)
         return super().__getitem__(i)
+
+
+class BigSamples(Dataset[torch.Tensor]):
+    """Samples of ``sample_bytes`` each (zeros, cheap to make): batches of 4 are 8 MiB by
+    default, so 4 workers × prefetch_factor 4 keep 128 MiB in flight, twice what Docker's
+    default 64 MiB /dev/shm holds. ``pids`` (when a list is given, in the main process only)
+    records where each sample was made."""
+
+    def __init__(self, n: int = 256, sample_bytes: int = 2 * 2**20) -> None:
+        self.n, self.width = n, sample_bytes // 4
+        self.pids: list[int] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.pids is not None:
+            self.pids.append(os.getpid())
+        return torch.zeros(self.width)
+
+
+class ShmFullInWorkers(Squares):
+    """Fine in the main process; in a worker each item fails with torch's own words for a
+    full /dev/shm, as when a worker cannot allocate a batch's shared file."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            raise RuntimeError(
+                "unable to allocate shared memory(shm) for file </torch_1_2_3>: "
+                "No space left on device (28)"
+            )
+        return super().__getitem__(i)
+
+
+def small_shm_unavailable() -> str | None:
+    """Why this machine cannot give a test a small /dev/shm of its own (a tmpfs mounted over
+    it in a private mount namespace), or None when it can."""
+    import shutil
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "mounting a small /dev/shm needs root"
+    if shutil.which("unshare") is None:
+        return "mounting a small /dev/shm needs unshare (util-linux)"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return f"cannot mount a tmpfs in a private mount namespace here: {probe.stderr.strip()}"
+    return None
+
+
+def with_small_shm(megabytes: int, *argv: str, timeout_s: float = 60.0) -> Any:
+    """Run ``argv`` with a ``megabytes`` MiB tmpfs over /dev/shm in a private mount namespace
+    (Docker's default is 64): the machine's own /dev/shm is untouched. A CompletedProcess."""
+    script = f'mount -t tmpfs -o size={megabytes}m tmpfs /dev/shm && exec "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def open_storage_client(worker_id: int) -> None:
+    """A worker_init_fn that takes 1.5 s, as opening a storage client in every worker does."""
+    time.sleep(1.5)
+
+
+def slow_start_loader(workers: int = 2, n: int = 512) -> DataLoader[torch.Tensor]:
+    """Cheap samples behind workers that take 1.5 s to start, every epoch (they are not
+    persistent): an epoch's steady state lasts milliseconds, its restart 1.5 s."""
+    return DataLoader(
+        Squares(n), batch_size=16, num_workers=workers, worker_init_fn=open_storage_client
+    )

@@ -12,6 +12,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from feedrate.checks import dataset as checks_dataset
+from feedrate.checks.machine import shm_finding, shm_fitting
 from feedrate.errors import UserError
 from feedrate.loader.batches import thread_cap
 from feedrate.loader.config import LoaderConfig
@@ -19,6 +20,7 @@ from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import device as devices
+from feedrate.measuring.shm import main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
 from feedrate.search.space import Space
@@ -75,6 +77,7 @@ def starting_point(
     if use_cache:  # the device is resolved only then: on a GPU, that initializes CUDA
         keys = [own, cache.key(facts, loader, cache.tune_options(device=accelerator()))]
     config, started_from, stall = _start_config(loader, facts, space, keys)
+    config, started_from = within_shm(loader, facts, config, started_from)
     # An IterableDataset that does not split its stream by worker yields all of it once per
     # worker: one that runs without workers gets them only when 2 workers were seen to
     # yield different items (a few seconds, once).
@@ -83,6 +86,24 @@ def starting_point(
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE
     return Start(config, started_from, settled, stall, space, own if use_cache else None)
+
+
+def within_shm(
+    loader: DataLoader[Any], facts: MachineFacts, config: LoaderConfig, started_from: str
+) -> tuple[LoaderConfig, str]:
+    """``config``, or the nearest configuration whose batches in flight fit /dev/shm when
+    ``config``'s are predicted to overflow it (``shm_finding``, sized by one batch made in the
+    main process, so no worker starts first), with ``started_from`` saying why."""
+    if config.num_workers == 0 or facts.shm_free_bytes is None:
+        return config, started_from
+    machine = facts.to_dict()
+    batch = main_process_batch(loader).bytes
+    found = shm_finding(config, machine, batch)
+    if found is None:
+        return config, started_from
+    fitting = online(shm_fitting(config, machine, batch))
+    why = f"{started_from}, lowered from {config.label()} (shm-too-small: {found.message})"
+    return fitting, why
 
 
 def save(cache_key: str | None, config: LoaderConfig, stall: float) -> None:

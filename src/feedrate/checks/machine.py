@@ -5,6 +5,7 @@ or unused, the CPU quota, /dev/shm and the open-file limit. Pure functions.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from feedrate.loader.config import LoaderConfig
@@ -82,7 +83,10 @@ def shm_finding(
 ) -> Finding | None:
     """/dev/shm smaller than the batches in flight (num_workers × prefetch_factor of them) need:
     an error when they do not fit at all (workers die of SIGBUS), a warning when they fit without
-    ``SHM_HEADROOM``. ``suggested``: ``config`` is feedrate's suggestion, not the user's."""
+    ``SHM_HEADROOM``. ``suggested``: ``config`` is feedrate's suggestion, not the user's.
+
+    The one /dev/shm rule: a configuration it reports is predicted to overflow /dev/shm, and
+    the doctor, tune and autotune do not start it."""
     free = machine.get("shm_free_bytes")
     if free is None or not batch_bytes or config.num_workers == 0:
         return None
@@ -91,20 +95,80 @@ def shm_finding(
     if need * SHM_HEADROOM <= free:
         return None
     whose = "the suggested" if suggested else "your"
-    total = machine.get("shm_total_bytes")
-    size_of = f" (of {size(total)})" if total else ""
-    fits = max(0, int(free / (batch_bytes * SHM_HEADROOM)))
-    gib = max(1, math.ceil(need * SHM_HEADROOM / 2**30))
     return Finding(
         "shm-too-small",
         "error" if need > free else "warning",
-        f"/dev/shm has {size(free)} free{size_of} but {whose} {config.num_workers} workers × "
+        f"/dev/shm has {_shm_free(machine)} but {whose} {config.num_workers} workers × "
         f"prefetch_factor {config.prefetch_factor} keep {inflight} batches of "
         f"{size(batch_bytes)} in flight ({size(need)}, {size(need * SHM_HEADROOM)} with "
         "headroom): workers "
-        + ("will die of a bus error (SIGBUS)" if need > free else "risk a bus error (SIGBUS)"),
+        + ("will fail" if need > free else "risk failing")
+        + " to hand batches over ('unable to allocate shared memory', or a bus error, SIGBUS)",
+        _shm_fix(config, machine, batch_bytes),
+    )
+
+
+def shm_failed_finding(
+    config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None, what: str, error: str
+) -> Finding:
+    """A run (``what``) died of /dev/shm running out, as its ``error`` says (``measuring.
+    diagnosis.shm_exhausted`` recognises the words): an error, with the fixes."""
+    inflight = (
+        f"; {config.num_workers} workers × prefetch_factor {config.prefetch_factor} keep "
+        f"{config.queue_depth} batches of {size(batch_bytes)} in flight"
+        if batch_bytes and config.num_workers
+        else ""
+    )
+    said = error.split(": /dev/shm is too small")[0]  # the advice diagnosis added: our fix
+    return Finding(
+        "shm-too-small",
+        "error",
+        f"the {what} died because /dev/shm ran out ({_shm_free(machine)}{inflight}): {said}",
+        _shm_fix(config, machine, batch_bytes),
+    )
+
+
+def shm_fitting(
+    config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None
+) -> LoaderConfig:
+    """``config`` itself when ``shm_finding`` does not report it, else the nearest one it does
+    not: fewer workers at the same queue depth per worker, then one worker with a shallower
+    queue, then no workers."""
+    if shm_finding(config, machine, batch_bytes) is None:
+        return config
+    pf = config.prefetch_factor or 1
+    for workers in range(config.num_workers - 1, 0, -1):
+        fewer = replace(config, num_workers=workers)
+        if shm_finding(fewer, machine, batch_bytes) is None:
+            return fewer
+    for depth in range(pf - 1, 0, -1):
+        shallower = replace(config, num_workers=1, prefetch_factor=depth)
+        if shm_finding(shallower, machine, batch_bytes) is None:
+            return shallower
+    return replace(config, num_workers=0)
+
+
+def _shm_free(machine: dict[str, Any]) -> str:
+    free, total = machine.get("shm_free_bytes"), machine.get("shm_total_bytes")
+    if free is None:
+        return "/dev/shm free unknown"
+    return f"{size(free)} free" + (f" (of {size(total)})" if total else "")
+
+
+def _shm_fix(config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None) -> str:
+    """More /dev/shm (sized for ``config``'s batches in flight with headroom, when known), or
+    fewer batches in flight (as many as fit)."""
+    free = machine.get("shm_free_bytes")
+    need = (batch_bytes or 0) * config.queue_depth * SHM_HEADROOM
+    gib = max(1, math.ceil(need / 2**30)) if need else 2
+    fewer = "or fewer workers or a shallower queue (lower num_workers or prefetch_factor)"
+    if batch_bytes and free is not None:
+        fits = max(0, int(free / (batch_bytes * SHM_HEADROOM)))
+        fewer = f"or fewer workers or a shallower queue (num_workers × prefetch_factor ≤ {fits})"
+    return (
         f"docker run --shm-size={gib}g (or --ipc=host; on Kubernetes an emptyDir with medium: "
-        f"Memory at /dev/shm), or keep num_workers × prefetch_factor ≤ {fits}",
+        f"Memory at /dev/shm), {fewer} (the file_system sharing strategy does not help: its "
+        "files are in /dev/shm too)"
     )
 
 

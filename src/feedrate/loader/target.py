@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from feedrate.errors import TargetError
 from feedrate.loader.init_args import recording
+from feedrate.loader.rebuild import quiet_worker_count_warning
 
 __all__ = ["TargetKind", "TargetSpec", "load_step", "load_target", "parse_target"]
 
@@ -88,7 +89,9 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
     A file already imported under its stem is reused, not executed again.
     Raises TargetError for every failure; KeyboardInterrupt propagates.
     """
-    with recording():  # a DataLoader subclass built meanwhile keeps its arguments (rebuild)
+    # A DataLoader subclass built meanwhile keeps its arguments (rebuild); DataLoader's warning
+    # about more workers than CPUs is feedrate's to judge (workers-past-cpus), not to print.
+    with recording(), quiet_worker_count_warning():
         target, value = _load_object(spec)
         return _as_loader(value, target)
 

@@ -22,10 +22,29 @@ COLLATE_NOTE = "feedrate: while collating the batch of sample indices "
 WORKER_DIED = re.compile(r"DataLoader worker \(pid.*(exited unexpectedly|killed by signal)")
 
 
+#: What to do when /dev/shm runs out (workers hand every batch over through it).
+SHM_ADVICE = (
+    "/dev/shm is too small for the batches in flight (num_workers × prefetch_factor of them): "
+    "give it more room (docker run --shm-size=2g, or --ipc=host; on Kubernetes an emptyDir with "
+    "medium: Memory mounted at /dev/shm), or use fewer workers or a shallower queue (lower "
+    "num_workers or prefetch_factor); the file_system sharing strategy does not help, its files "
+    "live in /dev/shm too"
+)
+#: What DataLoader and torch say when /dev/shm runs out: a worker cannot allocate (or write)
+#: the shared file of a batch, or touches a page tmpfs cannot back (a bus error).
+SHM_EXHAUSTED = re.compile(
+    r"unable to allocate shared memory|unable to (write to|open shared memory object|mmap)"
+    r"[^\n]*</torch_|No space left on device \(28\)|killed by signal: Bus error|\bSIGBUS\b"
+)
+
+
+def shm_exhausted(text: str) -> bool:
+    """Whether a failure's words say /dev/shm ran out (see ``SHM_EXHAUSTED``)."""
+    return SHM_EXHAUSTED.search(text) is not None
+
+
 _SIGNAL_CAUSES = {
-    signal.SIGBUS: "a bus error, usually shared memory (/dev/shm) too small for the batches in "
-    "flight; give the container more (docker run --shm-size=8g, or --ipc=host) or lower "
-    "num_workers × prefetch_factor",
+    signal.SIGBUS: f"a bus error: {SHM_ADVICE}",
     signal.SIGKILL: "most likely the out-of-memory killer; lower num_workers or the memory each "
     "worker holds",
     signal.SIGSEGV: "a crash in native code inside the worker, often a library that is not "
@@ -136,6 +155,7 @@ def _where_noted(exc: BaseException) -> str:
 
 #: Failures whose cause is known from their words, with what to do about each.
 _HINTS = (
+    (SHM_EXHAUSTED, SHM_ADVICE),
     (
         re.compile(r"Too many open files|\[Errno 24\]"),
         "the open-file limit is too low for the workers and the batches in flight: raise it "

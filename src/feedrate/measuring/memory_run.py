@@ -76,6 +76,12 @@ class _MemoryLog:
         return out
 
 
+def memory_run_config(loader: DataLoader[Any]) -> LoaderConfig:
+    """The settings ``sample_run`` runs ``loader`` with: 2 workers, its own prefetch depth."""
+    own_pf = loader.prefetch_factor if loader.num_workers else None
+    return LoaderConfig(WORKERS, False, own_pf, False, None)
+
+
 def sample_run(
     loader: DataLoader[Any],
     *,
@@ -87,8 +93,7 @@ def sample_run(
     """Run ``loader`` with 2 workers (its own batching, sampler and prefetch depth; workers not
     kept between epochs) for about ``seconds`` from the first batch or one epoch, whichever
     ends first. Memory is first read as soon as every worker has delivered a batch."""
-    own_pf = loader.prefetch_factor if loader.num_workers else None
-    config = LoaderConfig(WORKERS, False, own_pf, False, None)
+    config = memory_run_config(loader)
     dataset = None if is_iterable_style(loader) else IndexReportingDataset(loader.dataset)
     run = rebuild(loader, config, dataset=dataset)
     run.timeout = timeout_s

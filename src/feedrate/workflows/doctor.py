@@ -11,7 +11,9 @@ workers, one per usable CPU, twice as many when workers mostly wait), briefly, a
 a better worker count when the gain beats the noise, measured again side by side. Every step is
 bounded in time; a step that fails becomes a ``check-failed`` finding and the others go on,
 except that after the pipeline itself failed (its exception, a killed worker, a hang) the
-steps that would run it again are skipped and the report says so.
+steps that would run it again are skipped and the report says so. A run predicted to overflow
+/dev/shm (from one batch made in the main process) is not started; one that dies of it anyway
+is named ``shm-too-small``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from feedrate.checks.machine import (
     fd_limit_finding,
     pin_memory_finding,
     pin_memory_unused_finding,
+    shm_failed_finding,
     shm_finding,
 )
 from feedrate.checks.tune import check_failed_finding
@@ -47,12 +50,15 @@ from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import workers as worker_runs
 from feedrate.measuring.consumer import Consumer, make_consumer
 from feedrate.measuring.dataset_objects import large_containers
+from feedrate.measuring.diagnosis import shm_exhausted
 from feedrate.measuring.measure import LoaderSource
-from feedrate.measuring.memory_run import sample_run
+from feedrate.measuring.memory_run import memory_run_config, sample_run
+from feedrate.measuring.shm import MainBatch, main_process_batch
 from feedrate.results.doctor import CheckRun, CheckStatus, Report
 from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
+from feedrate.units import size
 from feedrate.workflows.doctor_steps import (
     BRIEF_SECONDS,
     MEMORY_SECONDS,
@@ -62,6 +68,7 @@ from feedrate.workflows.doctor_steps import (
 from feedrate.workflows.doctor_steps import CHECKS as CHECKS  # re-exported: doctor's contract
 from feedrate.workflows.doctor_steps import wanted_checks as wanted_checks
 from feedrate.workflows.doctor_trials import TRIAL_SECONDS, Comparison
+from feedrate.workflows.doctor_trials import refuse_shm_overflow as refuse_shm_overflow
 
 _AFTER_FAILURE = "the pipeline failed in an earlier step"
 
@@ -149,6 +156,7 @@ class _Evidence:
     digests: StreamDigests | None = None
     run: SampleRun | None = None
     pickled_bytes: int | None = None
+    batch: MainBatch | None = None
 
 
 class _Doctor:
@@ -198,6 +206,7 @@ class _Doctor:
         began = time.monotonic()
         status: CheckStatus
         run = {
+            "batch": self._batch,
             "workers": self._workers,
             "duplicates": self._duplicates,
             "memory": self._memory,
@@ -223,7 +232,31 @@ class _Doctor:
             return "no large Python containers on the dataset"
         if self.pipeline_error is not None:
             return _AFTER_FAILURE
-        return None
+        return self._overflow(name)
+
+    def _overflow(self, name: str) -> str | None:
+        """Why the run of step ``name`` is not started: predicted to overflow /dev/shm, from the
+        batch made in the main process (the one rule, ``shm_finding``); None when it fits."""
+        config = {"memory": memory_run_config(self.loader), "performance": self.config}.get(name)
+        batch = self._bytes()
+        if config is None or batch is None or not shm_finding(config, self.facts.to_dict(), batch):
+            return None
+        return (
+            f"not started: its {config.queue_depth} batches of {size(batch)} in flight would "
+            "overflow /dev/shm (see shm-too-small)"
+        )
+
+    def _bytes(self) -> int | None:
+        """A batch's bytes, from the best evidence gathered."""
+        run, baseline, batch = self.seen.run, self.compared.baseline, self.seen.batch
+        return (
+            (baseline.batch_bytes if baseline else None)
+            or (run.batch_bytes if run else None)
+            or (batch.bytes if batch else None)
+        )
+
+    def _batch(self) -> None:
+        self.seen.batch = main_process_batch(self.loader, timeout_s=self.timeout_s)
 
     def _workers(self) -> None:
         self.seen.views = worker_runs.inspect_workers(self.loader, timeout_s=self.timeout_s)
@@ -262,12 +295,9 @@ class _Doctor:
 
     def _resources(self) -> list[Finding | None]:
         m = self.facts.to_dict()
-        run = self.seen.run
-        baseline, best = self.compared.baseline, self.compared.best
-        batch_bytes = (baseline.batch_bytes if baseline else None) or (
-            run.batch_bytes if run else None
-        )
-        tensors = run.tensors_per_batch if run else None
+        run, best, batch = self.seen.run, self.compared.best, self.seen.batch
+        batch_bytes = self._bytes()
+        tensors = (run.tensors_per_batch if run else None) or (batch.tensors if batch else None)
         configs = [(self.config, False)]
         if best is not None and best.config.num_workers > self.config.num_workers:
             configs.append((best.config, True))
@@ -315,18 +345,27 @@ class _Doctor:
         ]
 
     def _failures(self) -> list[Finding]:
+        """A ``check-failed`` for each step that failed; ``shm-too-small`` first when a run died
+        of /dev/shm running out."""
         out = []
         skipped = [STEPS[r.name] for r in self.runs if r.detail == _AFTER_FAILURE]
         for r in self.runs:
-            if r.status == "failed":
-                later = skipped if self.pipeline_error == r.detail else None
-                out.append(check_failed_finding(STEPS[r.name], r.detail, later))
+            if r.status != "failed":
+                continue
+            if shm_exhausted(r.detail) and "shm-too-small" in self.wanted:
+                config = memory_run_config(self.loader) if r.name == "memory" else self.config
+                m, what = self.facts.to_dict(), STEPS[r.name]
+                out.append(shm_failed_finding(config, m, self._bytes(), what, r.detail))
+            later = skipped if self.pipeline_error == r.detail else None
+            out.append(check_failed_finding(STEPS[r.name], r.detail, later))
         return out
 
     def findings(self) -> list[Finding]:
+        failures = self._failures()
+        died = {f.id for f in failures}  # a run that died of it says more than a prediction
         found = [*self._resources(), *self._dataset(), *self._performance_findings()]
-        wanted = [f for f in found if f is not None and f.id in self.wanted]
-        return by_severity([*self._failures(), *wanted])
+        wanted = [f for f in found if f is not None and f.id in self.wanted and f.id not in died]
+        return by_severity([*failures, *wanted])
 
     def report(self, target: str | None) -> Report:
         evidence: dict[str, Any] = {
@@ -335,6 +374,7 @@ class _Doctor:
             "stream": None if self.seen.digests is None else self.seen.digests.to_dict(),
             "memory_run": None if self.seen.run is None else self.seen.run.to_dict(),
             "pickled_dataset_bytes": self.seen.pickled_bytes,
+            "main_batch_bytes": None if self.seen.batch is None else self.seen.batch.bytes,
         }
         return Report(
             machine=self.facts.to_dict(),

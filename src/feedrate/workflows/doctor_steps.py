@@ -15,9 +15,9 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "too-few-workers": ("performance",),
     "too-many-workers": ("performance",),
     "startup-cost": ("performance", "workers"),
-    "shm-too-small": ("memory", "performance"),
-    "fd-limit": ("memory",),
-    "pin-memory-unused": ("static", "memory"),
+    "shm-too-small": ("batch",),  # and any run that dies of it
+    "fd-limit": ("batch",),
+    "pin-memory-unused": ("static", "batch"),
     "pin-memory-no-accelerator": ("static",),
     "cpu-quota": ("static",),
     "copy-on-read": ("memory",),
@@ -27,11 +27,13 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "busy-machine": ("performance",),
     "data-stall": ("performance", "memory"),
 }
-#: The steps in the order they run (cheap and independent of the pipeline's speed first),
-#: each with what it does, as findings name it.
+#: The steps in the order they run (cheap and independent of the pipeline's speed first; the
+#: batch before any run of the user's batches through /dev/shm, so that those predicted to
+#: overflow it are not started), each with what it does, as findings name it.
 STEPS = {
     "workers": "look inside 2 workers (after worker_init_fn)",
     "duplicates": "IterableDataset run in 2 workers",
+    "batch": "one batch made in the main process (no workers)",
     "memory": "memory run (your loader with 2 workers)",
     "performance": "throughput measurement",
 }

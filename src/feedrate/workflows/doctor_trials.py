@@ -15,14 +15,16 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from feedrate.checks.bottleneck import Pace, bottleneck_finding, bottleneck_kind
+from feedrate.checks.machine import shm_finding
 from feedrate.checks.workers import consumer_worker_finding, worker_count_finding
-from feedrate.errors import PipelineTimeoutError, WorkerKilledError
+from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.measure import measure
 from feedrate.measuring.memory_run import consumer_rate
+from feedrate.measuring.shm import main_process_batch
 from feedrate.results.findings import Finding
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck, classify
@@ -38,6 +40,23 @@ LATENCY_CAP = 64
 #: raises ``PipelineError`` when the pipeline fails. The default runs ``measure``; tests pass
 #: a fake, so the comparison's choices are tested on known figures, not on the machine's speed.
 MeasureTrial = Callable[[LoaderConfig, str, Consumer | None], Trial]
+
+
+def refuse_shm_overflow(
+    loader: DataLoader[Any], config: LoaderConfig, facts: MachineFacts, *, timeout_s: float = 30.0
+) -> None:
+    """Before ``config`` is first started on ``loader`` (tune's baseline): raise
+    ``PipelineError`` naming ``shm-too-small`` and its fixes when its batches in flight are
+    predicted to overflow /dev/shm (``shm_finding``), sized by one batch made in the main
+    process, so no worker starts. Nothing to do without workers or without /dev/shm facts."""
+    if config.num_workers == 0 or facts.shm_free_bytes is None:
+        return
+    batch = main_process_batch(loader, timeout_s=timeout_s)
+    found = shm_finding(config, facts.to_dict(), batch.bytes)
+    if found is not None:
+        raise PipelineError(
+            f"{config.label()} not started, shm-too-small: {found.message}; fix: {found.fix}"
+        )
 
 
 class Comparison:

@@ -1,0 +1,95 @@
+"""One batch made in the main process (no workers), before anything risky runs: its bytes and
+tensors are what the /dev/shm and open-file predictions need (``checks.machine.shm_finding``),
+and making it starts no worker, so nothing goes through /dev/shm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from feedrate.loader.batches import batch_nbytes, count_tensors
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import config_of, is_iterable_style, rebuild
+from feedrate.measuring.diagnosis import explain
+from feedrate.measuring.failures import IndexReportingDataset, Watchdog
+
+
+@dataclass(frozen=True)
+class MainBatch:
+    """The first batch of the loader's own batching, made without workers: its ``bytes`` (the
+    tensors' storage) and ``tensors``; ``batch`` kept only when asked for."""
+
+    bytes: int | None
+    tensors: int | None
+    batch: Any = None
+
+
+def main_process_batch(
+    loader: DataLoader[Any], *, timeout_s: float = 30.0, keep_batch: bool = False
+) -> MainBatch:
+    """Make ``loader``'s first batch in this process (``num_workers=0``, its other settings).
+    Raises ``PipelineError`` when the dataset or collate_fn fails, ``PipelineTimeoutError``
+    when no batch comes within ``timeout_s``. An empty loader gives ``MainBatch(None, None)``."""
+    if _one_shot(loader):
+        return MainBatch(None, None)
+    config = LoaderConfig(0, False, None, False, config_of(loader).in_order)
+    dataset = None if is_iterable_style(loader) else IndexReportingDataset(loader.dataset)
+    run = rebuild(loader, config, dataset=dataset)
+    it: Any = None
+    with (
+        _random_state_kept(loader),
+        Watchdog(timeout_s, lambda: "one batch made in the main process"),
+    ):
+        try:
+            it = iter(run)
+            batch = next(it, None)
+        except Exception as exc:
+            error = explain(exc, it)
+            if error is None:
+                raise
+            raise error from exc
+    if batch is None:
+        return MainBatch(None, None)
+    return MainBatch(batch_nbytes(batch), count_tensors(batch), batch if keep_batch else None)
+
+
+def _one_shot(loader: DataLoader[Any]) -> bool:
+    """The loader's index stream (or IterableDataset) is an iterator, used up once iterated:
+    taking a batch from it would take that batch from the user's own run."""
+    sources: list[object] = [loader.batch_sampler, loader.sampler]
+    if is_iterable_style(loader):
+        sources.append(loader.dataset)
+    return any(s is not None and isinstance(s, Iterator) for s in sources)
+
+
+@contextlib.contextmanager
+def _random_state_kept(loader: DataLoader[Any]) -> Generator[None, None, None]:
+    """The random state a batch draws on, as it was: the loader's and the sampler's generators
+    (the shuffle order and the workers' seeds), torch's, Python's and numpy's global ones
+    (samplers without a generator, and augmentations, draw on them)."""
+    generators = {
+        id(g): g
+        for g in (loader.generator, getattr(loader.sampler, "generator", None))
+        if isinstance(g, torch.Generator)
+    }.values()
+    kept = [(g, g.get_state()) for g in generators]
+    py = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            for g, state in kept:
+                g.set_state(state)
+            random.setstate(py)
+            if np is not None:
+                np.random.set_state(np_state)
