@@ -256,18 +256,22 @@ DOCS = (
         means=(
             "`/dev/shm`, where workers hand batches to the main process, is too small for the "
             "batches the settings keep in flight (`num_workers` × `prefetch_factor` of them). A "
-            "worker that cannot write its batch dies of a bus error (SIGBUS). Docker's default of "
-            "64 MiB is a common cause."
+            'worker that cannot write its batch dies of a bus error (SIGBUS) or with "unable to '
+            "allocate shared memory ... No space left on device\". Docker's default of 64 MiB is "
+            "a common cause."
         ),
         evidence=(
-            "From `doctor` and `tune`: the free (and total) size of `/dev/shm` against a real "
-            "batch's bytes × `num_workers` × `prefetch_factor`, with 1.5× headroom; checked for "
-            "your settings and for the suggested ones."
+            "From `doctor`, `tune` and `autotune`, before any worker runs: the free (and total) "
+            "size of `/dev/shm` against the bytes of one batch made in the main process × "
+            "`num_workers` × `prefetch_factor`, with 1.5× headroom; a configuration predicted to "
+            "overflow is not started (`doctor` skips the runs, `tune` stops, `autotune` starts "
+            "lower). Also from a run that died of it, recognised by torch's words or SIGBUS."
         ),
         fix=(
             "`docker run --shm-size=Ng` (or `--ipc=host`; on Kubernetes an `emptyDir` with "
             "`medium: Memory` at `/dev/shm`), or keep `num_workers` × `prefetch_factor` at most "
-            "the batches that fit (the message gives both numbers)."
+            "the batches that fit (the message gives both numbers). The `file_system` sharing "
+            "strategy does not help: its files live in `/dev/shm` too (tried on a 64 MiB tmpfs)."
         ),
         severity=(
             "error when the batches in flight do not fit; warning when they fit without the 1.5× "
