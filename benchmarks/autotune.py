@@ -48,7 +48,6 @@ from common import commit_label, guarded, machine_line, provenance
 from torch.utils.data import DataLoader, Sampler
 
 import feedrate
-from feedrate.autotuning.loader import cache_key
 from feedrate.loader.batches import sample_counter
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style, rebuild
@@ -156,7 +155,7 @@ def watching(
     with tempfile.TemporaryDirectory() as folder:
         os.environ["FEEDRATE_CACHE_DIR"] = folder
         cache.save(
-            cache_key(facts, loader, None, False),
+            cache.key(facts, loader, cache.autotune_options(max_workers=None, allow_threads=False)),
             {"schema": "feedrate.autotune/1", "config": best.to_dict()},
         )
         plain = rebuild(loader, best)

@@ -52,8 +52,9 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import quiet_worker_count_warning, rebuild
 from feedrate.loader.target import load_target
 from feedrate.machine.facts import MachineFacts, collect
-from feedrate.measuring import interrupts, measure
+from feedrate.measuring import interrupts
 from feedrate.measuring.failures import stop_workers
+from feedrate.measuring.measure import measure
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 

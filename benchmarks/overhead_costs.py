@@ -37,8 +37,8 @@ from feedrate.measuring.processes import ProcessProbe
 from feedrate.results.processes import ProbeReport
 
 # The modules themselves, to patch the probe ``measure`` uses.
-MEASURE = importlib.import_module("feedrate.measuring")
-PROBE = importlib.import_module("feedrate.probe")
+MEASURE = importlib.import_module("feedrate.measuring.measure")
+PROBE = importlib.import_module("feedrate.measuring.processes")
 
 
 class TimedProbe(ProcessProbe):

@@ -84,12 +84,16 @@ def _install_feedrate_shim() -> None:
         return value
 
     package = types.ModuleType("feedrate")
-    package.__path__ = []  # a package, so "feedrate.target" resolves to the module below
-    target = types.ModuleType("feedrate.target")
+    package.__path__ = []  # packages, so "feedrate.loader.target" resolves to the module below
+    loader = types.ModuleType("feedrate.loader")
+    loader.__path__ = []
+    target = types.ModuleType("feedrate.loader.target")
     target.load_target = load_target  # type: ignore[attr-defined]
-    package.target = target  # type: ignore[attr-defined]
+    loader.target = target  # type: ignore[attr-defined]
+    package.loader = loader  # type: ignore[attr-defined]
     sys.modules["feedrate"] = package
-    sys.modules["feedrate.target"] = target
+    sys.modules["feedrate.loader"] = loader
+    sys.modules["feedrate.loader.target"] = target
 
 
 def load_pipeline(name: str) -> Any:
