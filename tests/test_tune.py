@@ -7,22 +7,28 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from torch.utils.data import DataLoader
 
 import feedrate
 import feedrate.loader.threaded
-from feedrate.errors import PipelineError, UserError
+from feedrate.errors import PipelineError, PipelineTimeoutError, UserError
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import collect
+from feedrate.render.console import recommendation
+from feedrate.render.html import render_html as html_report
+from feedrate.results.measurement import Measurement, WindowSummary
+from feedrate.results.processes import ProbeReport
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TUNE_SCHEMA, TuneResult
 from feedrate.search.space import Space
 from feedrate.workflows.tune import tune
-from feedrate.workflows.tune_search import TuneSearch
+from feedrate.workflows.tune_search import MIN_TRIAL_WALL_S, TrialLimits, TuneSearch, trial_limits
 
 from pipelines import EmptyDataset, FailingDataset, RacyDataset, SleepDataset, TinyDataset
 
@@ -266,3 +272,153 @@ def test_search_with_threads_recommends_few_threaded_workers() -> None:
     assert r.best.config.threads == 16 and r.best.config.num_workers <= 8
     assert search.thread_check is not None and search.thread_check.ok  # checked first
     assert any(f.id == "threads-chosen" for f in r.findings)
+
+
+# --- budgets: trials sized to what is left, start-up included; the headline counts restarts ----
+
+
+def test_trial_limits_come_from_what_is_left_of_the_budget() -> None:
+    assert trial_limits(100.0, 2.0, 60.0) == TrialLimits(2.0, 100.0, 60.0, by_budget=False)
+    # 3 s left: half in steady state, all of it as the deadline, a hang seen within it.
+    assert trial_limits(3.0, 2.0, 60.0) == TrialLimits(1.5, 3.0, 3.0 / 1.25, by_budget=True)
+    assert trial_limits(3.0, 2.0, 1.0) == TrialLimits(1.5, 3.0, 1.0, by_budget=False)
+    assert trial_limits(-4.0, 2.0, 60.0).wall_s == MIN_TRIAL_WALL_S  # never nothing
+
+
+def made_up_measurement(
+    config: LoaderConfig,
+    samples_per_s: float,
+    *,
+    startup_s: float = 0.0,
+    restarts: tuple[float, ...] = (),
+    method: str = "windows",
+) -> Measurement:
+    r = samples_per_s
+    return Measurement(
+        config=config,
+        samples_per_s=r,
+        batches_per_s=r / 10,
+        spread=Spread.of_rates([r * 0.99, r, r * 1.01, r]),
+        startup_s=startup_s,
+        epoch_restart_s=list(restarts),
+        window=WindowSummary(40, 400, 1.0, 1, method, 1, 0.0),
+        processes=ProbeReport(),
+        machine={},
+        batch_bytes=4096,
+    )
+
+
+class SlowStarts(TuneSearch):
+    """A search of 1000-sample epochs (batches of 10) through the real ``trial``: every config
+    measures ``rate(config)`` samples/s, and workers take ``startup_s`` to start (every epoch,
+    unless persistent). A trial takes its start-up and its steady state on the fake clock, as
+    far as its deadline; ``hangs`` configs get no batch and time out as the watchdog would."""
+
+    def __init__(
+        self,
+        rate: Callable[[LoaderConfig], float],
+        *,
+        budget_s: float,
+        startup_s: float = 1.5,
+        timeout_s: float = 60.0,
+        hangs: Callable[[LoaderConfig], bool] = lambda _c: False,
+        method: str = "windows",
+    ) -> None:
+        self.now, self.rate, self.startup_s, self.hangs, self.method = (
+            0.0,
+            rate,
+            startup_s,
+            hangs,
+            method,
+        )
+        self.limits: list[tuple[float, TrialLimits]] = []
+        loader = DataLoader(TinyDataset(1000), batch_size=10, num_workers=2)
+        space = Space(cpus=2, baseline=LoaderConfig(2), max_workers=4)
+        super().__init__(
+            loader, space, None, 2.0, budget_s, collect(), None, None,
+            clock=lambda: self.now, timeout_s=timeout_s,
+        )  # fmt: skip
+
+    def measure_trial(self, config: LoaderConfig, limits: TrialLimits) -> Measurement:
+        self.limits.append((self.budget_s - self.elapsed(), limits))
+        if self.hangs(config):
+            self.now += limits.timeout_s * 1.25
+            raise PipelineTimeoutError(f"no batch arrived within {limits.timeout_s:g} s")
+        startup = self.startup_s if config.num_workers else 0.0
+        self.now += min(limits.wall_s, startup + limits.seconds)
+        restarts = () if config.persistent_workers else (startup,)
+        m = made_up_measurement(config, self.rate(config), startup_s=startup, restarts=restarts)
+        return replace(m, window=replace(m.window, method=self.method))
+
+
+def fewer_workers_faster(config: LoaderConfig) -> float:
+    return 2000.0 if config.num_workers == 0 else 1000.0
+
+
+def test_every_trial_fits_what_is_left_of_the_budget_start_up_included() -> None:
+    search = SlowStarts(fewer_workers_faster, budget_s=10.0)
+    r = search.search()
+    assert r.search_seconds <= 10.0
+    assert len(search.limits) >= 3
+    for left, limits in search.limits:
+        assert limits.wall_s <= max(left, MIN_TRIAL_WALL_S)
+        assert limits.seconds <= min(2.0, limits.wall_s / 2)
+        assert limits.timeout_s * 1.25 <= limits.wall_s + 1e-9  # a hang is seen within it
+
+
+def test_a_hang_of_your_settings_is_reported_within_the_budget() -> None:
+    search = SlowStarts(fewer_workers_faster, budget_s=8.0, hangs=lambda c: True)
+    with pytest.raises(PipelineTimeoutError, match=r"budget_s=8, or --budget-s"):
+        search.search()
+    assert search.now <= 8.0 + 1e-9  # not a fixed 60 s
+
+
+def test_a_hang_past_the_timeout_asked_for_names_that_timeout() -> None:
+    search = SlowStarts(fewer_workers_faster, budget_s=60.0, timeout_s=2.0, hangs=lambda c: True)
+    with pytest.raises(PipelineTimeoutError) as raised:
+        search.search()
+    assert "budget" not in str(raised.value) and search.now == 2.5
+
+
+def test_a_trial_that_outlasts_the_budget_ends_the_search_as_partial() -> None:
+    # Yours, no workers and 2 persistent workers measure (9 s); one worker gets no batch in
+    # what is left of the 20 s budget, so the budget ran out there, not a 60 s timeout.
+    hangs = lambda c: c.num_workers not in (0, 2)  # noqa: E731
+    r = SlowStarts(fewer_workers_faster, budget_s=20.0, hangs=hangs).search()
+    assert r.search_seconds <= 20.0 + 1e-9
+    hung = [t for t in r.trials if t.error]
+    assert [t.config.num_workers for t in hung] == [1]
+    assert "within 8.8 s" in (hung[0].error or "") and "budget_s=20" in (hung[0].error or "")
+    assert r.partial and "budget ran out while measuring w=1" in (r.partial_reason or "")
+
+
+def test_the_speed_up_counts_the_restart_of_every_epoch_of_your_settings() -> None:
+    # Yours: 1000 samples/s in steady state, then 1.5 s to restart 2 workers every epoch of 1000
+    # samples: 400 samples/s. No workers: 2000 samples/s, nothing to restart.
+    r = SlowStarts(fewer_workers_faster, budget_s=30.0).search()
+    assert r.best.config.num_workers == 0
+    assert r.samples_per_epoch == 1000 and r.baseline_restart_s == 1.5
+    assert r.baseline_rate == pytest.approx(1000 / (1.0 + 1.5))
+    assert r.best_restart_s == 0.0 and r.best_rate == r.best.median
+    assert r.speedup == pytest.approx(r.best.median / 400.0)
+    assert r.steady_speedup == pytest.approx(r.best.median / r.baseline.median)
+    again = TuneResult.from_json(r.to_json())
+    assert again.speedup == r.speedup and again.to_dict() == r.to_dict()
+    line = Console(width=400, record=True)
+    line.print(recommendation(r))
+    assert "your 400 samples/s with w=2 pf=2, counting its 1.50 s restart every epoch" in (
+        line.export_text()
+    )
+    assert "counting its 1.50 s restart every epoch" in html_report(r)
+
+
+def test_whole_epochs_already_count_the_restart() -> None:
+    r = SlowStarts(fewer_workers_faster, budget_s=30.0, method="whole-epochs").search()
+    assert r.baseline_restart_s == 0.0 and r.speedup == pytest.approx(r.steady_speedup)
+
+
+def test_a_result_saved_before_restarts_were_counted_reads_as_it_was() -> None:
+    r = SlowStarts(fewer_workers_faster, budget_s=30.0).search()
+    old = {k: v for k, v in r.to_dict().items() if "restart" not in k and "epoch" not in k}
+    again = TuneResult.from_dict(old)
+    assert again.baseline_restart_s == 0.0 and again.speedup == pytest.approx(r.steady_speedup)

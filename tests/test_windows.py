@@ -191,9 +191,15 @@ def test_seconds_plan_closes_windows_by_time(cost: float, per_window: int) -> No
 
 
 def test_time_window_waits_for_min_batches() -> None:
-    _, loader = scripted(1.0)  # each batch is slower than a whole window
+    clock, loader = scripted(1.0)  # each batch is slower than a whole window
     t = measure(loader, WindowPlan(windows=3, seconds=1.5, warmup_batches=1))
-    assert [(w.batches, w.seconds) for w in t.windows] == [(MIN_BATCHES_PER_WINDOW, 2.0)] * 3
+    # Three such windows would take 7 s: the first batch past the deadline (2 × 1.5 s) ends the
+    # run, in a partial window.
+    assert [(w.batches, w.seconds, w.full) for w in t.windows] == [
+        (MIN_BATCHES_PER_WINDOW, 2.0, True),
+        (1, 1.0, False),
+    ]
+    assert t.stopped_by_deadline and clock.now == 4.0
 
 
 def test_windows_are_consecutive() -> None:
@@ -239,8 +245,8 @@ def test_epochs_shorter_than_a_window_are_iterated_again() -> None:
 
 def test_epoch_end_closes_window_at_last_batch_time() -> None:
     _, loader = scripted(0.5, length=4, startup=100.0)
-    t = measure(loader, WindowPlan(windows=2, seconds=10.0, warmup_batches=1))
-    assert len(t.windows) == 7  # 7 x 1.5 s covers the 10 s budget
+    t = measure(loader, WindowPlan(windows=2, batches=21, warmup_batches=1))
+    assert len(t.windows) == 7  # 7 x 3 batches make the 21 asked for
     # Each window ends at its epoch's last batch: the restart delay never lands in a window.
     assert [(w.seconds, w.full) for w in t.windows] == [(1.5, False)] * 7
 
@@ -256,14 +262,14 @@ def test_full_and_partial_windows_mix_across_epochs() -> None:
 
 @pytest.mark.parametrize(("length", "warmup"), [(1, 1), (2, 2), (2, 5)])
 def test_epochs_too_short_for_warmup_time_whole_epochs(length: int, warmup: int) -> None:
-    _, loader = scripted(0.5, length=length, startup=lambda e: 10.0 if e == 0 else 1.0)
+    _, loader = scripted(0.5, length=length, startup=lambda e: 2.0 if e == 0 else 1.0)
     per_epoch = 1.0 + 0.5 * length
     t = measure(loader, WindowPlan(windows=3, seconds=3 * per_epoch, warmup_batches=warmup))
     assert t.method == "whole-epochs"
     # The first epoch found out; then one whole epoch per window (the budget is exactly three),
     # start-up included.
     assert loader.epochs_started == t.epochs == 4
-    assert t.startup_s == 10.5
+    assert t.startup_s == 2.5
     assert t.epoch_restart_s == [1.5] * 3
     assert [(w.batches, w.seconds, w.full) for w in t.windows] == [(length, per_epoch, True)] * 3
     assert summarize(t.windows).samples_per_s == 4 * length / per_epoch
@@ -479,6 +485,127 @@ def test_constant_pipeline_measures_b_over_t(
     assert rate.samples_per_s == pytest.approx(b / t, rel=1e-9)
     assert rate.min == pytest.approx(b / t, rel=1e-9)
     assert rate.max == pytest.approx(b / t, rel=1e-9)
+
+
+# --- the deadline: a time budget bounds the wall time, start-up and restarts included --------
+
+
+def test_the_deadline_is_twice_the_budget_or_the_budget_past_a_long_start_up() -> None:
+    assert WindowPlan(seconds=1.0).deadline_s(startup_s=0.5) == 2.0
+    assert WindowPlan(seconds=1.0).deadline_s(startup_s=1.5) == 2.5
+    assert WindowPlan(seconds=1.0, wall_s=1.25).deadline_s(startup_s=1.5) == 1.25
+    assert WindowPlan(windows=2, batches=10).deadline_s(startup_s=9.0) is None
+    assert WindowPlan(windows=2, batches=10, wall_s=3.0).deadline_s(startup_s=9.0) == 3.0
+    with pytest.raises(ValueError, match="wall_s must be positive"):
+        WindowPlan(seconds=1.0, wall_s=0.0)
+
+
+def test_slow_epoch_restarts_stop_at_the_deadline() -> None:
+    # Every epoch waits 1.5 s for its workers (a worker_init_fn opening a storage client), then
+    # 20 batches of 1/64 s, 6 of them warm-up: 14/64 s of steady state an epoch. 4 s of it would
+    # take 19 epochs (34 s); the run ends by its 8 s deadline, starting no epoch whose restart
+    # and warm-up would reach it.
+    clock, loader = scripted(1 / 64, length=20, startup=1.5)
+    t = measure(loader, WindowPlan(windows=4, seconds=4.0, warmup_batches=6))
+    assert t.method == "windows" and t.deadline_s == 8.0 and t.stopped_by_deadline
+    assert clock.now == 4 * (1.5 + 20 / 64) <= t.deadline_s
+    assert loader.epochs_started == t.epochs == 4
+    assert t.epoch_restart_s == [1.5 + 1 / 64] * 3
+    assert [(w.batches, w.seconds, w.full) for w in t.windows] == [(14, 14 / 64, False)] * 4
+    assert summarize(t.windows).samples_per_s == 4 * 64  # the steady state, restarts left out
+
+
+def test_a_window_cut_by_the_deadline_is_kept_as_partial() -> None:
+    # 2 s restarts, 12 batches of 0.25 s: the second epoch starts before the 8 s deadline and is
+    # cut at its first batch past it.
+    clock, loader = scripted(0.25, length=12, startup=2.0)
+    t = measure(loader, WindowPlan(windows=2, seconds=4.0, warmup_batches=1))
+    assert t.deadline_s == 8.0 and t.stopped_by_deadline and clock.now == 8.25
+    assert [(w.batches, w.seconds, w.full) for w in t.windows] == [
+        (8, 2.0, True),
+        (3, 0.75, False),
+        (4, 1.0, False),
+    ]
+    assert loader.epochs_started == 2 and t.epochs == 1
+
+
+def test_whole_epochs_with_slow_restarts_stop_at_the_deadline() -> None:
+    # One batch an epoch, 1.5 s to start each: 2 s per whole epoch. After the warm-up epoch one
+    # whole epoch is timed, and none more once it would end past the 3 s deadline (not 5 whole
+    # epochs, 12 s).
+    clock, loader = scripted(0.5, length=1, startup=1.5)
+    t = measure(loader, WindowPlan(windows=5, seconds=1.0, warmup_batches=1))
+    assert t.method == "whole-epochs" and t.stopped_by_deadline and t.deadline_s == 3.0
+    assert clock.now == 4.0  # the deadline waits for a first measured epoch
+    assert [(w.batches, w.seconds, w.full) for w in t.windows] == [(1, 2.0, True)]
+
+
+def test_two_whole_epochs_meet_a_time_budget() -> None:
+    # 1 s whole epochs (0.5 s restart): two cover the 2 s budget, without waiting for 5.
+    clock, loader = scripted(0.5, length=1, startup=0.5)
+    t = measure(loader, WindowPlan(windows=5, seconds=2.0, warmup_batches=1))
+    assert t.method == "whole-epochs" and not t.stopped_by_deadline
+    assert [w.seconds for w in t.windows] == [1.0, 1.0] and clock.now == 3.0
+
+
+def test_an_epoch_timed_whole_ends_past_the_deadline_rather_than_being_cut() -> None:
+    # Epochs of 3 batches (warm-up 2: timed whole) with 0.5 s restarts; the third epoch is slower
+    # than the second foretold (0.75 s batches) and passes the 4 s deadline: part of it would
+    # carry its whole restart, so it runs to its end.
+    cost = lambda e, _i: 0.25 if e < 2 else 0.75  # noqa: E731
+    clock, loader = scripted(cost, length=3, startup=lambda e: 0.0 if e == 0 else 0.5)
+    t = measure(loader, WindowPlan(windows=5, seconds=2.0, warmup_batches=2))
+    assert t.method == "whole-epochs" and t.deadline_s == 4.0
+    assert [(w.batches, w.seconds, w.full) for w in t.windows] == [(3, 1.25, True), (3, 2.75, True)]
+    assert clock.now == 4.75
+
+
+def test_wall_s_bounds_a_batch_plan() -> None:
+    clock, loader = scripted(0.5)
+    t = measure(loader, WindowPlan(windows=2, batches=100, warmup_batches=1, wall_s=3.0))
+    assert t.stopped_by_deadline and clock.now == 3.5
+    assert [(w.batches, w.full) for w in t.windows] == [(6, False)]
+
+
+def test_hooks_see_every_window_close_at_the_deadline() -> None:
+    events: list[tuple[object, ...]] = []
+    _, loader = scripted(0.25, length=12, startup=2.0)
+    t = measure(loader, WindowPlan(windows=2, seconds=4.0), hooks=_recording_hooks(events))
+    assert t.stopped_by_deadline
+    kinds = [e[0] for e in events if e[0] in ("open", "close")]
+    assert kinds.count("open") == kinds.count("close") > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    cost=st.sampled_from([1 / 64, 1 / 16, 1 / 4, 1.0]),
+    restart=st.sampled_from([0.0, 0.25, 1.5, 4.0]),
+    first=st.sampled_from([0.0, 1.5, 10.0]),
+    length=st.integers(min_value=1, max_value=40),
+    warmup=st.integers(min_value=1, max_value=8),
+    seconds=st.sampled_from([0.5, 1.0, 4.0]),
+    windows=st.integers(min_value=1, max_value=5),
+    pass_length=st.booleans(),
+)
+def test_a_time_budget_bounds_the_wall_time(
+    cost: float,
+    restart: float,
+    first: float,
+    length: int,
+    warmup: int,
+    seconds: float,
+    windows: int,
+    pass_length: bool,
+) -> None:
+    # Whatever the start-up, restarts and epoch lengths: the run ends by its deadline plus one
+    # batch, or, where nothing could be measured by then, one batch after the first epoch that
+    # was (the second, when epochs are timed whole).
+    clock, loader = scripted(cost, length=length, startup=lambda e: first if e == 0 else restart)
+    plan = WindowPlan(windows=windows, seconds=seconds, warmup_batches=warmup)
+    t = measure(loader, plan, **({"epoch_length": length} if pass_length else {}))
+    assert t.deadline_s is not None and t.windows
+    first_epoch, epoch = first + length * cost, restart + length * cost
+    assert clock.now <= max(t.deadline_s, first_epoch + 2 * epoch) + cost
 
 
 # --- questionable behaviour, recorded ----------------------------------------------------------

@@ -80,7 +80,8 @@ def env(json_path: Path | None) -> None:
 @click.option(
     "--seconds",
     type=click.FloatRange(min=0, min_open=True),
-    help="Measure this many seconds of steady state (default 10).",
+    help="Measure this many seconds of steady state (default 10); the whole run, start-up and "
+    "epoch restarts included, stops by twice that, or that past the start-up if longer.",
 )
 @click.option(
     "--windows",
@@ -152,11 +153,21 @@ def measure(
         write_json(json_path, result.to_dict())
 
 
+_BUDGET_HELP = "Seconds the search may take, start-up included (the checks after it add a few)."
+
+
 @cli.command()
 @click.argument("target")
 @consumer_options
+@click.option("--budget-s", type=float, default=60.0, show_default=True, help=_BUDGET_HELP)
 @click.option(
-    "--budget-s", type=float, default=60.0, show_default=True, help="Seconds the search may take."
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Stop a trial as hung when no batch arrives for this many seconds (or for what is "
+    "left of the budget, if less).",
 )
 @click.option("--max-workers", type=click.IntRange(min=0), help="Never try more workers.")
 @click.option(
@@ -185,6 +196,7 @@ def tune(
     step_time: float | None,
     step_spec: str | None,
     budget_s: float,
+    timeout_s: float,
     max_workers: int | None,
     memory_limit: str | None,
     allow_reorder: bool,
@@ -212,6 +224,7 @@ def tune(
             step=step,
             step_name=step_spec,
             budget_s=budget_s,
+            timeout_s=timeout_s,
             max_workers=max_workers,
             memory_limit=limit,
             allow_reorder=allow_reorder,
@@ -298,6 +311,7 @@ def doctor(
 
 _STEP_NAMES = {
     "workers": "looking inside 2 workers",
+    "batch": "making one batch in the main process",
     "duplicates": "comparing what 2 workers yield",
     "memory": "watching worker memory",
     "performance": "measuring your settings and a few alternatives",

@@ -62,6 +62,7 @@ def measure(
     seconds: float | None = None,
     windows_count: int = 5,
     timeout_s: float | None = 60.0,
+    wall_s: float | None = None,
     clock: windows.Clock = time.perf_counter,
     machine: MachineFacts | None = None,
     target: str | None = None,
@@ -73,8 +74,12 @@ def measure(
     ``config`` (default: its own settings).
 
     Measures ``batches`` steady-state batches or ``seconds`` of steady state (default 10 s), in
-    ``windows_count`` windows. With a ``consumer`` each batch is handed to it, as a training loop
-    would, and the result's ``stall_fraction`` is the share of time spent waiting for data.
+    ``windows_count`` windows. A time budget bounds the wall time too, start-up and epoch
+    restarts included: the run stops ``max(2 × seconds, seconds + start-up)`` after ``iter()``
+    (``windows.WindowPlan.deadline_s``), or ``wall_s`` after it if sooner, once it has measured
+    a batch; a note says so when that cut the steady state short. With a ``consumer`` each
+    batch is handed to it, as a training loop would, and the result's ``stall_fraction`` is the
+    share of time spent waiting for data.
     With an accelerator ``device`` ("auto": the one torch sees, if any), each batch is first
     copied to it (``non_blocking`` when the settings pin memory) and the loop waits for the copy
     and the step on the device (CUDA events), so ``pin_memory`` is judged end to end;
@@ -86,7 +91,7 @@ def measure(
     """
     user_loader = loader_of(source)
     config = (config or config_of(user_loader)).normalized()
-    plan = _plan(config, batches, seconds, windows_count)
+    plan = _plan(config, batches, seconds, windows_count, wall_s)
     dataset = None
     if report_index and not is_iterable_style(user_loader):
         dataset = IndexReportingDataset(unthreaded(user_loader.dataset))
@@ -118,7 +123,7 @@ def measure(
         machine=facts.to_dict(),
         batch_size=user_loader.batch_size,
         target=target,
-        notes=_notes(config, facts, timeline, report),
+        notes=_notes(config, facts, timeline, report, plan),
         feedrate_version=feedrate.__version__,
         batch_bytes=nbytes,
         stall_fraction=None if consume is None else windows.stall_fraction(timeline.windows),
@@ -128,7 +133,11 @@ def measure(
 
 
 def _plan(
-    config: LoaderConfig, batches: int | None, seconds: float | None, count: int
+    config: LoaderConfig,
+    batches: int | None,
+    seconds: float | None,
+    count: int,
+    wall_s: float | None = None,
 ) -> windows.WindowPlan:
     if batches is not None and seconds is not None:
         raise UserError("give batches or seconds, not both", params=("batches", "seconds"))
@@ -139,11 +148,14 @@ def _plan(
         )
     if seconds is not None and seconds <= 0:
         raise UserError(f"seconds must be positive, got {seconds:g}", params=("seconds",))
+    if wall_s is not None and not wall_s > 0:
+        raise UserError(f"wall_s must be positive, got {wall_s:g}", params=("wall_s",))
     return windows.WindowPlan(
         windows=count,
         batches=batches,
-        seconds=None if batches is not None else (seconds or 10.0),
+        seconds=None if batches is not None else (seconds or windows.DEFAULT_SECONDS),
         warmup_batches=warmup_batches(config),
+        wall_s=wall_s,
     )
 
 
@@ -265,7 +277,11 @@ def _summary(t: windows.Timeline) -> WindowSummary:
 
 
 def _notes(
-    config: LoaderConfig, facts: MachineFacts, t: windows.Timeline, report: ProbeReport
+    config: LoaderConfig,
+    facts: MachineFacts,
+    t: windows.Timeline,
+    report: ProbeReport,
+    plan: windows.WindowPlan,
 ) -> list[str]:
     notes = []
     ours = report.main.cpu_util + sum(w.cpu_util for w in report.workers)
@@ -286,6 +302,23 @@ def _notes(
             "epochs are short against the warm-up (one batch per worker plus the prefetch "
             "queue), so after a first epoch whole epochs were timed, each restart included"
         )
+    if t.stopped_by_deadline:
+        notes.append(deadline_note(t, plan))
     if not t.windows:
         notes.append("no steady-state batch was measured")
     return notes
+
+
+def deadline_note(t: windows.Timeline, plan: windows.WindowPlan) -> str:
+    """Why the steady state is shorter than asked: the deadline, and what ate into it."""
+    measured = sum(w.seconds for w in t.windows)
+    asked = f"of the {plan.seconds:g} s asked for" if plan.seconds is not None else "in all"
+    spent = f"start-up ({t.startup_s:.2f} s) counts"
+    if t.epoch_restart_s:
+        each = sum(t.epoch_restart_s) / len(t.epoch_restart_s)
+        n = len(t.epoch_restart_s)
+        spent = f"start-up ({t.startup_s:.2f} s) and {n} epoch restarts ({each:.2f} s each) count"
+    return (
+        f"the run stopped at its deadline, {t.deadline_s or 0:.1f} s after iter(): {spent} "
+        f"against the time, so {measured:.2f} s {asked} were measured in steady state"
+    )

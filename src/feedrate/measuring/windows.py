@@ -13,7 +13,11 @@ How a run goes:
 * an epoch that ends early closes the open window as partial and a new epoch begins; when epochs
   are too short for windows (no batch past warm-up, or, when the epoch length is known, fewer than
   ``WHOLE_EPOCH_FACTOR`` warm-ups), the first epoch is warm-up and later epochs are timed whole,
-  each epoch's restart included, and the result says so.
+  each epoch's restart included, and the result says so;
+* a time budget bounds the whole run, start-up and restarts included: once a batch is counted, it
+  stops at a deadline (``WindowPlan.deadline_s``), the open window kept as partial (an epoch timed
+  whole ends first), and starts no epoch whose restart and warm-up (as long as the last epoch's;
+  timed whole, the whole epoch) would reach the deadline.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ WHOLE_EPOCH_FACTOR = 3
 #: A window closed by time still waits for this many batches, so one slow batch is not a rate.
 MIN_BATCHES_PER_WINDOW = 2
 
+#: With a budget of S seconds the run ends by ``DEADLINE_FACTOR × S`` after the first ``iter()``,
+#: or S after the first batch when start-up takes longer: room for warm-up and restarts.
+DEADLINE_FACTOR = 2.0
+
+#: Timed whole, this many epochs meet a time budget: each carries a restart (maybe seconds).
+MIN_WHOLE_EPOCHS = 2
+
 
 class EmptyLoaderError(Exception):
     """The loader's iterator ended without yielding a single batch."""
@@ -45,13 +56,15 @@ class EmptyLoaderError(Exception):
 @dataclass(frozen=True)
 class WindowPlan:
     """How much to measure: ``batches`` or ``seconds`` in total (steady state only), split into
-    ``windows`` windows. ``max_epochs`` bounds the run when epochs are tiny."""
+    ``windows`` windows. ``max_epochs`` bounds the run when epochs are tiny; ``wall_s`` (s after
+    the first ``iter()``) caps its deadline (see ``deadline_s``)."""
 
     windows: int = 5
     batches: int | None = None
     seconds: float | None = None
     warmup_batches: int = 1
     max_epochs: int = 1000
+    wall_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.windows < 1:
@@ -66,6 +79,19 @@ class WindowPlan:
             raise ValueError(f"batches must be at least the number of windows ({self.windows})")
         if self.seconds is not None and self.seconds <= 0:
             raise ValueError("seconds must be positive")
+        if self.wall_s is not None and self.wall_s <= 0:
+            raise ValueError("wall_s must be positive")
+
+    def deadline_s(self, startup_s: float) -> float | None:
+        """Seconds after the first ``iter()`` by which the run stops, start-up and restarts
+        included: ``max(DEADLINE_FACTOR × seconds, seconds + startup_s)`` with a time budget,
+        never past ``wall_s``; None (no bound) for a batch budget without ``wall_s``."""
+        bound = None
+        if self.seconds is not None:
+            bound = max(DEADLINE_FACTOR * self.seconds, self.seconds + startup_s)
+        if self.wall_s is not None:
+            bound = self.wall_s if bound is None else min(bound, self.wall_s)
+        return bound
 
     @property
     def batches_per_window(self) -> int | None:
@@ -103,6 +129,9 @@ class Timeline:
     windows: list[Window] = field(default_factory=list)
     epochs: int = 0
     method: Method = "windows"
+    #: The deadline, in s after the first ``iter()`` (None: none), and whether it ended the run.
+    deadline_s: float | None = None
+    stopped_by_deadline: bool = False
 
 
 @dataclass
@@ -135,11 +164,14 @@ def run(
     step), each window also records ``wait_s``: the time spent waiting for batches, the data
     stall."""
     runner = _Runner(plan, count_samples, clock, hooks or Hooks(), epoch_length, consume)
-    while not runner.done() and runner.timeline.epochs < plan.max_epochs:
+    timeline = runner.timeline
+    while not runner.done() and timeline.epochs < plan.max_epochs and not runner.out_of_time():
         runner.epoch(make_iter)
-        if runner.timeline.method == "windows" and runner.epoch_too_short():
-            runner.timeline.method = "whole-epochs"
-    return runner.timeline
+        if timeline.stopped_by_deadline:
+            break
+        if timeline.method == "windows" and runner.epoch_too_short():
+            timeline.method = "whole-epochs"
+    return timeline
 
 
 class _Runner:
@@ -159,19 +191,39 @@ class _Runner:
         self.open: Window | None = None
         self._epoch_batches = 0
         self._seen_length: int | None = None  # an epoch's batches, once one ran to its end
+        self._t0: float | None = None  # the first iter() call
+        self._deadline: float | None = None  # on the clock, once the start-up is known
+        self._lead_s: float | None = None  # the last epoch's time from iter() to counting
 
     def done(self) -> bool:
         """Enough full windows; or, when epochs cut windows short (and always when whole epochs
-        are timed), enough windows that together cover the planned budget."""
+        are timed), enough windows that together cover the planned budget (with a time budget,
+        ``MIN_WHOLE_EPOCHS`` whole epochs are enough)."""
         wins = self.timeline.windows
         whole = self.timeline.method == "whole-epochs"
         if not whole and sum(1 for w in wins if w.full) >= self.plan.windows:
             return True
-        if len(wins) < self.plan.windows:
+        needed = self.plan.windows
+        if whole and self.plan.batches is None:
+            needed = min(needed, MIN_WHOLE_EPOCHS)
+        if len(wins) < needed:
             return False
         if self.plan.batches is not None:
             return sum(w.batches for w in wins) >= self.plan.batches
         return sum(w.seconds for w in wins) >= (self.plan.seconds or 0.0)
+
+    def measured(self) -> bool:
+        """A batch was counted in a window: the run has a rate, and the deadline may end it."""
+        return bool(self.timeline.windows) or bool(self.open and self.open.batches)
+
+    def out_of_time(self) -> bool:
+        """Before an epoch: past the deadline, or so near it that the next epoch would reach it
+        before counting a batch (its restart and warm-up as long as the last epoch's; timed
+        whole, the whole epoch). Marks the timeline stopped by the deadline."""
+        late = self._deadline is not None and self.measured()
+        if late and self.clock() + (self._lead_s or 0.0) > (self._deadline or 0.0):
+            self.timeline.stopped_by_deadline = True
+        return self.timeline.stopped_by_deadline
 
     def short_epochs(self) -> bool:
         """Epochs known (or, for an IterableDataset, seen) to be too short for windows: most of
@@ -191,43 +243,61 @@ class _Runner:
     def epoch(self, make_iter: Callable[[], Iterable[Any]]) -> None:
         whole = self.timeline.method == "whole-epochs"
         t_call = self.clock()
+        self._t0 = t_call if self._t0 is None else self._t0
         iterator: Iterator[Any] = iter(make_iter())
-        self._asked = t_call
+        self._asked, self._lead_s = t_call, None
         if whole:
             # Opened once the epoch's workers exist (so the hook can read them), timed from the
             # call: a whole epoch includes its start-up.
             self._open(t_call)
         self._epoch_batches = 0
         for batch in iterator:
-            now = self.clock()
-            self.hooks.batch()
-            self._epoch_batches += 1
-            if self._epoch_batches == 1:
-                self._record_first(now - t_call)
-            samples = self.count(batch)
-            waited = now - self._asked
-            if self.consume is not None:
-                self.consume(batch, samples)
-            if whole:
-                self._add(samples, waited, now, close_when_full=False)
-            elif self._epoch_batches <= self.plan.warmup_batches or self.short_epochs():
-                self._warmup(now, t_call)
-            elif self._add(samples, waited, now, close_when_full=True) and self.done():
+            if self._batch(batch, t_call, whole):
                 return
-            self._asked = self.clock() if self.consume is not None else now
-            if self._epoch_batches == self.epoch_length and self.open is not None:
-                self._close(now, full=whole)
         if self._epoch_batches == 0:
             raise EmptyLoaderError("the loader yielded no batch")
         if self._seen_length is None:
             self._seen_length = self._epoch_batches
         self.timeline.epochs += 1
+        if whole or self._lead_s is None:  # nothing counts before the epoch's end
+            self._lead_s = self.clock() - t_call
         if self.open is not None:
             self._close(self.open.start + self.open.seconds, full=whole)
+
+    def _batch(self, batch: Any, t_call: float, whole: bool) -> bool:
+        """Take one batch of the epoch begun at ``t_call``; True when the run is over."""
+        now = self.clock()
+        self.hooks.batch()
+        self._epoch_batches += 1
+        if self._epoch_batches == 1:
+            self._record_first(now - t_call)
+        samples = self.count(batch)
+        waited = now - self._asked
+        if self.consume is not None:
+            self.consume(batch, samples)
+        if whole:
+            self._add(samples, waited, now, close_when_full=False)
+        elif self._epoch_batches <= self.plan.warmup_batches or self.short_epochs():
+            self._warmup(now, t_call)
+        elif self._add(samples, waited, now, close_when_full=True) and self.done():
+            return True
+        self._asked = self.clock() if self.consume is not None else now
+        if self._epoch_batches == self.epoch_length:
+            if self.open is not None:
+                self._close(now, full=whole)
+            return False  # the epoch is complete: let it end, before the deadline is looked at
+        # An epoch timed whole is short, and part of it would carry a whole restart: it ends.
+        if whole or self._deadline is None or now <= self._deadline or not self.measured():
+            return False
+        self.timeline.stopped_by_deadline = True
+        self._close(now, full=False)
+        return True
 
     def _record_first(self, seconds: float) -> None:
         if self.timeline.epochs == 0:
             self.timeline.startup_s = seconds
+            bound = self.timeline.deadline_s = self.plan.deadline_s(seconds)
+            self._deadline = None if bound is None else (self._t0 or 0.0) + bound
         else:
             self.timeline.epoch_restart_s.append(seconds)
 
@@ -236,6 +306,7 @@ class _Runner:
         if self._epoch_batches == self.plan.warmup_batches and not self.short_epochs():
             if self.timeline.epochs == 0:
                 self.timeline.warmup_s = now - t_call - self.timeline.startup_s
+            self._lead_s = now - t_call
             self._open(now)
 
     def _open(self, now: float) -> None:

@@ -87,14 +87,8 @@ def _process_row(fig: ProcessFigures, name: str) -> tuple[str, ...]:
 def processes_table(m: Measurement) -> Table:
     """CPU (100% = one core busy) and memory of each process over the measured windows."""
     table = Table(title="Processes over the measured windows", title_justify="left")
-    for col, justify in (
-        ("process", "left"),
-        ("pid", "right"),
-        ("CPU", "right"),
-        ("USS", "right"),
-        ("PSS", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for col in ("process", "pid", "CPU", "USS", "PSS"):
+        table.add_column(col, justify="left" if col == "process" else "right")
     procs = m.processes
     table.add_row(*_process_row(procs.main, "main (loop, collation, unpickling)"))
     if procs.pin_memory_thread is not None:
@@ -216,16 +210,25 @@ def _persistent_line(p: dict[str, Any]) -> str | None:
     )
 
 
+def _measured_line(result: TuneResult) -> str:
+    """The recommendation's rate and the speed-up over yours, the restart of every epoch counted
+    where workers are not persistent (and said where that changes the figure shown)."""
+    best, base, r = result.best, result.baseline, rate
+    own = f", {r(result.best_rate)} counting its {result.best_restart_s:.2f} s restart every epoch"
+    own = own if r(result.best_rate) != r(best.median) else ""
+    theirs = f", counting its {result.baseline_restart_s:.2f} s restart every epoch"
+    theirs = theirs if r(result.baseline_rate) != r(base.median) else ""
+    return (
+        f"{rate(best.median)} samples/s {plus_minus(best.noise)}{own} ({result.speedup:.2f}× "
+        f"your {rate(result.baseline_rate)} samples/s with {base.config.label()}{theirs})"
+    )
+
+
 def recommendation(result: TuneResult) -> Table:
     best, base = result.best, result.baseline
     rows = [
         ("recommended", best.config.label()),
-        (
-            "measured",
-            f"{rate(best.median)} samples/s {plus_minus(best.noise)} "
-            f"({result.speedup:.2f}× your {rate(base.median)} samples/s "
-            f"with {base.config.label()})",
-        ),
+        ("measured", _measured_line(result)),
         ("why", result.reason),
         (
             "resources",
@@ -234,12 +237,8 @@ def recommendation(result: TuneResult) -> Table:
         ),
     ]
     if result.consumer is not None:
-        rows.append(
-            (
-                "data stall",
-                f"{best.stall_fraction or 0:.0%} (yours: {base.stall_fraction or 0:.0%})",
-            )
-        )
+        stalls = f"{best.stall_fraction or 0:.0%} (yours: {base.stall_fraction or 0:.0%})"
+        rows.append(("data stall", stalls))
     persistent = _persistent_line(result.persistent)
     if persistent:
         rows.append(("persistent_workers", persistent))

@@ -15,6 +15,15 @@ from feedrate.results.trial import Trial
 TUNE_SCHEMA = "feedrate.tune/1"
 
 
+def epoch_rate(samples_per_s: float, restart_s: float, samples_per_epoch: int | None) -> float:
+    """A steady-state rate (samples/s) with ``restart_s`` paid at every epoch's start: samples
+    per epoch over the epoch's steady-state time plus its restart. The rate itself where there
+    is no restart to count or the epoch's length is unknown."""
+    if restart_s <= 0 or not samples_per_epoch or samples_per_s <= 0:
+        return samples_per_s
+    return samples_per_epoch / (samples_per_epoch / samples_per_s + restart_s)
+
+
 @dataclass
 class TuneResult:
     """What ``tune`` found. Plain data: ``to_json``/``from_json`` round-trip it, and a saved
@@ -37,11 +46,35 @@ class TuneResult:
     partial_reason: str | None = None
     from_cache: bool = False
     feedrate_version: str = ""
+    #: Samples in one epoch (None: unknown, an IterableDataset).
+    samples_per_epoch: int | None = None
+    #: Seconds each epoch waits for restarted workers, counted on top of the steady-state
+    #: median: your settings' and the recommendation's (0: persistent or no workers, or already
+    #: in the rate, an epoch timed whole).
+    baseline_restart_s: float = 0.0
+    best_restart_s: float = 0.0
     _source: Any = field(default=None, repr=False, compare=False)
 
     @property
+    def baseline_rate(self) -> float:
+        """Your settings' rate (samples/s): the median window, with the restart of every epoch
+        counted when its workers are not persistent."""
+        return epoch_rate(self.baseline.median, self.baseline_restart_s, self.samples_per_epoch)
+
+    @property
+    def best_rate(self) -> float:
+        """The recommendation's rate (samples/s), counted as ``baseline_rate`` is."""
+        return epoch_rate(self.best.median, self.best_restart_s, self.samples_per_epoch)
+
+    @property
     def speedup(self) -> float:
-        """Best rate over the user's own (medians)."""
+        """Best rate over the user's own, each epoch's restart counted (``best_rate`` over
+        ``baseline_rate``)."""
+        return self.best_rate / self.baseline_rate if self.baseline_rate > 0 else 0.0
+
+    @property
+    def steady_speedup(self) -> float:
+        """Best median over the user's own, restarts left out."""
         return self.best.median / self.baseline.median if self.baseline.median > 0 else 0.0
 
     def loader(self, source: Any = None) -> Any:
@@ -70,6 +103,12 @@ class TuneResult:
             "baseline": self.baseline.to_dict(),
             "best": self.best.to_dict(),
             "speedup": self.speedup,
+            "speedup_steady_state": self.steady_speedup,
+            "samples_per_epoch": self.samples_per_epoch,
+            "baseline_restart_s": self.baseline_restart_s,
+            "best_restart_s": self.best_restart_s,
+            "baseline_samples_per_s": self.baseline_rate,
+            "best_samples_per_s": self.best_rate,
             "reason": self.reason,
             "bottleneck": self.bottleneck,
             "code": self.code,
@@ -110,6 +149,9 @@ class TuneResult:
             partial_reason=d.get("partial_reason"),
             from_cache=bool(d.get("from_cache", False)),
             feedrate_version=d.get("feedrate_version", ""),
+            samples_per_epoch=d.get("samples_per_epoch"),
+            baseline_restart_s=d.get("baseline_restart_s", 0.0),
+            best_restart_s=d.get("best_restart_s", 0.0),
         )
 
     @classmethod

@@ -47,13 +47,13 @@ def refuse_shm_overflow(
 ) -> None:
     """Before ``config`` is first started on ``loader`` (tune's baseline): raise
     ``PipelineError`` naming ``shm-too-small`` and its fixes when its batches in flight are
-    predicted to overflow /dev/shm (``shm_finding``), sized by one batch made in the main
+    predicted not to fit in /dev/shm (``shm_finding`` at error), sized by one batch made in the main
     process, so no worker starts. Nothing to do without workers or without /dev/shm facts."""
     if config.num_workers == 0 or facts.shm_free_bytes is None:
         return
     batch = main_process_batch(loader, timeout_s=timeout_s)
     found = shm_finding(config, facts.to_dict(), batch.bytes)
-    if found is not None:
+    if found is not None and found.severity == "error":  # a warning still fits: it runs
         raise PipelineError(
             f"{config.label()} not started, shm-too-small: {found.message}; fix: {found.fix}"
         )

@@ -30,6 +30,10 @@ from feedrate.workflows.tune_search import Progress, TuneSearch
 #: The fewest seconds a search can do anything useful in: the baseline and two anchors.
 MIN_BUDGET_S = 5.0
 
+#: The dataset checks after the search stop a step as hung after this long at most (s), the
+#: doctor's own default.
+DOCTOR_TIMEOUT_S = 30.0
+
 
 def tune(
     source: DataLoader[Any] | Callable[[], DataLoader[Any]],
@@ -46,6 +50,7 @@ def tune(
     fresh: bool = False,
     use_cache: bool = True,
     trial_seconds: float = 2.0,
+    timeout_s: float = 60.0,
     target: str | None = None,
     progress: Callable[[Progress], None] | None = None,
     machine: MachineFacts | None = None,
@@ -60,6 +65,13 @@ def tune(
     partial). ``memory_limit`` bounds the predicted memory (bytes, default half of what is
     available). Results are cached per machine and pipeline unless ``fresh``.
 
+    ``budget_s`` bounds the wall time, workers' start-up included: each trial gets at most
+    ``trial_seconds`` of steady state and half of what is left of the budget, and ends within
+    what is left; no trial starts that the last one's length says would not fit. A trial that
+    receives no batch for ``timeout_s`` (or for what is left of the budget, if less) is stopped
+    as hung; your settings' trial hanging raises ``PipelineTimeoutError``. The dataset checks
+    after the search add a few seconds.
+
     Where workers mostly wait, threads inside workers (``feedrate.threaded``) are measured too,
     after a thread-safety check; they are recommended only with ``allow_threads`` (they need a
     thread-safe ``__getitem__``), otherwise a finding says what they measured.
@@ -68,7 +80,7 @@ def tune(
     every trial copies each batch to it, and ``pin_memory`` is tried both ways on the answer.
     """
     loader = loader_of(source)
-    _check_budget(budget_s, trial_seconds, max_workers, memory_limit)
+    _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     facts = machine or collect()
@@ -99,10 +111,22 @@ def tune(
         if hit is not None:
             hit.target = target  # the same pipeline (settings included) under this name
             return hit
-    run = TuneSearch(loader, space, consumer, trial_seconds, budget_s, facts, target, progress, dev)
+    run = TuneSearch(
+        loader,
+        space,
+        consumer,
+        trial_seconds,
+        budget_s,
+        facts,
+        target,
+        progress,
+        dev,
+        timeout_s=timeout_s,
+    )
     with interrupts.stoppable():
         result = run.search()
-    result.findings = by_severity([*result.findings, *_doctor_checks(loader, facts, result)])
+    checks = _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
+    result.findings = by_severity([*result.findings, *checks])
     result._source = source
     if use_cache and not result.partial:
         cache.save(cache_key, result.to_dict())
@@ -110,7 +134,7 @@ def tune(
 
 
 def _check_budget(
-    budget_s: float, trial_s: float, max_workers: int | None, mem: int | None
+    budget_s: float, trial_s: float, max_workers: int | None, mem: int | None, timeout_s: float
 ) -> None:
     if not math.isfinite(budget_s):
         raise UserError(
@@ -132,16 +156,18 @@ def _check_budget(
         )
     if mem is not None and mem <= 0:
         raise UserError("memory_limit must be positive", params=("memory_limit",))
+    if not timeout_s > 0:
+        raise UserError(f"timeout_s must be positive, got {timeout_s:g}", params=("timeout_s",))
 
 
 def _doctor_checks(
-    loader: DataLoader[Any], facts: MachineFacts, result: TuneResult
+    loader: DataLoader[Any], facts: MachineFacts, result: TuneResult, timeout_s: float
 ) -> list[Finding]:
     """The doctor's dataset and resource checks (shared generators, duplicate streams, copies
     of Python objects, threads, /dev/shm, open files), a few seconds at most."""
     from feedrate.workflows.doctor import tune_checks
 
-    return tune_checks(loader, facts, result.baseline, result.best)
+    return tune_checks(loader, facts, result.baseline, result.best, timeout_s=timeout_s)
 
 
 def _from_cache(cache_key: str, source: Any) -> TuneResult | None:

@@ -30,15 +30,44 @@ from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.measure import measure
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.findings import Finding
+from feedrate.results.measurement import Measurement
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
 from feedrate.search import advice
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose
 from feedrate.search.space import Proposal, Space
+from feedrate.workflows.doctor_trials import refuse_shm_overflow
 
 #: Rivals within this share of the leader are measured again before the answer is given.
 CONFIRM_WITHIN = 0.15
+
+#: The least wall time a trial is given (s), however little of the budget is left.
+MIN_TRIAL_WALL_S = 1.0
+
+#: The watchdog fires up to a quarter past its timeout: a budget's timeout is cut by that much.
+WATCHDOG_LATE = 1.25
+
+
+@dataclass(frozen=True)
+class TrialLimits:
+    """What one trial may take (s): ``seconds`` of steady state, a deadline ``wall_s`` after its
+    ``iter()``, start-up included, and ``timeout_s`` without a batch before it counts as hung;
+    ``by_budget`` when the budget left, not the timeout asked for, set that."""
+
+    seconds: float
+    wall_s: float
+    timeout_s: float
+    by_budget: bool
+
+
+def trial_limits(left_s: float, trial_seconds: float, timeout_s: float) -> TrialLimits:
+    """A trial's limits from ``left_s``, what is left of the budget: at most half of it in steady
+    state (start-up, warm-up and restarts need the rest), all of it as the trial's deadline,
+    and a hang detected within it; never under ``MIN_TRIAL_WALL_S``."""
+    left = max(left_s, MIN_TRIAL_WALL_S)
+    hang = left / WATCHDOG_LATE
+    return TrialLimits(min(trial_seconds, left / 2), left, min(timeout_s, hang), hang < timeout_s)
 
 
 @dataclass(frozen=True)
@@ -68,9 +97,10 @@ class TuneSearch:
         progress: Callable[[Progress], None] | None,
         dev: torch.device | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timeout_s: float = 60.0,
     ) -> None:
         self.loader, self.space, self.consumer = loader, space, consumer
-        self.dev = dev
+        self.dev, self.timeout_s = dev, timeout_s
         self.trial_seconds, self.budget_s = trial_seconds, budget_s
         self.facts, self.target, self.progress = facts, target, progress
         self.clock = clock
@@ -79,11 +109,14 @@ class TuneSearch:
         self.last_trial_s = 0.0
         self.partial_reason: str | None = None
         self.thread_check: ThreadCheck | None = None
+        self.timed_whole: set[LoaderConfig] = set()  # their rates include every restart
 
     def elapsed(self) -> float:
         return self.clock() - self.start
 
     def search(self) -> TuneResult:
+        # Your settings are not started when their batches in flight would overflow /dev/shm.
+        refuse_shm_overflow(self.loader, self.space.baseline, self.facts)
         baseline = self.trial(self.space.baseline, "your settings", fatal=True)
         report_only: Proposal | None = None
         while self.partial_reason is None:
@@ -188,19 +221,15 @@ class TuneSearch:
         index = len(self.trials)
         self._report(Progress(index, config, why, self.elapsed(), self.budget_s))
         began = self.clock()
+        limits = trial_limits(self.budget_s - self.elapsed(), self.trial_seconds, self.timeout_s)
         try:
-            m = measure(
-                self.loader,
-                config,
-                seconds=self.trial_seconds,
-                windows_count=4,
-                consumer=self.consumer,
-                machine=self.facts,
-                target=self.target,
-                device=self.dev,
-            )
+            m = self.measure_trial(config, limits)
             trial = Trial.of(m, why)
-        except (WorkerKilledError, PipelineTimeoutError) as exc:
+            if m.window.method == "whole-epochs":
+                self.timed_whole.add(config)
+        except PipelineTimeoutError as exc:
+            trial = self._timed_out(exc, config, why, limits, fatal=fatal)
+        except WorkerKilledError as exc:
             if fatal:
                 raise
             trial = Trial(config, why, error=str(exc))
@@ -215,6 +244,54 @@ class TuneSearch:
         self._report(Progress(index, config, why, self.elapsed(), self.budget_s, trial))
         return trial
 
+    def _timed_out(
+        self,
+        exc: PipelineTimeoutError,
+        config: LoaderConfig,
+        why: str,
+        limits: TrialLimits,
+        *,
+        fatal: bool,
+    ) -> Trial:
+        """No batch came in time. Where the budget left set the wait, the message says so, and
+        the budget has run out: the search ends there (partial). Your settings' trial raises."""
+        if not limits.by_budget:
+            if fatal:
+                raise exc
+            return Trial(config, why, error=str(exc))
+        error = (
+            f"{exc}; tune waits at most what is left of its budget ({limits.timeout_s:.1f} s "
+            f"of budget_s={self.budget_s:g}, or --budget-s)"
+        )
+        if fatal:
+            raise PipelineTimeoutError(error) from exc
+        self.partial_reason = f"the budget ran out while measuring {config.label()}"
+        return Trial(config, why, error=error)
+
+    def measure_trial(self, config: LoaderConfig, limits: TrialLimits) -> Measurement:
+        """Measure ``config`` within ``limits`` (a seam: tests give made-up measurements)."""
+        return measure(
+            self.loader,
+            config,
+            seconds=limits.seconds,
+            wall_s=limits.wall_s,
+            timeout_s=limits.timeout_s,
+            windows_count=4,
+            consumer=self.consumer,
+            machine=self.facts,
+            target=self.target,
+            device=self.dev,
+        )
+
+    def restart_counted(self, trial: Trial, config: LoaderConfig) -> float:
+        """Seconds every epoch of ``config`` waits for its workers, left out of ``trial``'s rate:
+        none with persistent workers, without workers, or when whole epochs were timed (their
+        rate includes it); else the mean epoch restart measured, or the start-up."""
+        if not config.num_workers or config.persistent_workers or trial.config in self.timed_whole:
+            return 0.0
+        restarts = trial.epoch_restart_s
+        return sum(restarts) / len(restarts) if restarts else trial.startup_s
+
     def _report(self, event: Progress) -> None:
         if self.progress is not None:
             self.progress(event)
@@ -225,6 +302,7 @@ class TuneSearch:
         persistent = advice.judge_persistent(best, samples)
         advice.verdicts(self.space, self.trials, best)
         final = advice.apply_persistent(best, persistent)
+        best_restart_s = self.restart_counted(best, final)
         if final != best.config:
             # persistent_workers changes only each epoch's start, not the steady-state rate.
             best = replace(
@@ -270,6 +348,9 @@ class TuneSearch:
             partial=self.partial_reason is not None,
             partial_reason=self.partial_reason,
             feedrate_version=feedrate.__version__,
+            samples_per_epoch=samples,
+            baseline_restart_s=self.restart_counted(baseline, baseline.config),
+            best_restart_s=best_restart_s,
         )
 
     def _transfer_findings(self, best: Trial) -> list[Finding]:
