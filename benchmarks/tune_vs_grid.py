@@ -49,8 +49,9 @@ import feedrate
 from feedrate.errors import PipelineError
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import MachineFacts, collect
-from feedrate.measuring import interrupts, measure
+from feedrate.measuring import interrupts
 from feedrate.measuring.consumer import Consumer, make_consumer
+from feedrate.measuring.measure import measure
 from feedrate.results.trial import Trial
 from feedrate.search.space import Space, covers, predict_over_budget
 from feedrate.workflows.tune import tune

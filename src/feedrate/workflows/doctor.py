@@ -21,7 +21,6 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -46,16 +45,16 @@ from feedrate.checks.workers import (
 from feedrate.errors import PipelineError, UserError
 from feedrate.loader.batches import epoch_samples
 from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of
-from feedrate.machine.facts import MachineFacts, collect
+from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import workers as worker_runs
 from feedrate.measuring.consumer import Consumer, make_consumer
 from feedrate.measuring.dataset_objects import large_containers
 from feedrate.measuring.diagnosis import shm_exhausted
 from feedrate.measuring.measure import LoaderSource
 from feedrate.measuring.memory_run import memory_run_config, sample_run
-from feedrate.measuring.shm import MainBatch, main_process_batch
+from feedrate.measuring.shm import main_process_batch
 from feedrate.results.doctor import CheckRun, CheckStatus, Report
-from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
+from feedrate.results.evidence import Container
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
 from feedrate.units import size
@@ -64,11 +63,13 @@ from feedrate.workflows.doctor_steps import (
     MEMORY_SECONDS,
     STEPS,
     TUNE_CHECKS,
+    TUNE_MEMORY_SECONDS,
+    Evidence,
+    facts_for,
 )
 from feedrate.workflows.doctor_steps import CHECKS as CHECKS  # re-exported: doctor's contract
 from feedrate.workflows.doctor_steps import wanted_checks as wanted_checks
 from feedrate.workflows.doctor_trials import TRIAL_SECONDS, Comparison
-from feedrate.workflows.doctor_trials import refuse_shm_overflow as refuse_shm_overflow
 
 _AFTER_FAILURE = "the pipeline failed in an earlier step"
 
@@ -107,8 +108,9 @@ def doctor(
         )
     wanted = wanted_checks(checks)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
-    doc = _Doctor(loader, _facts(machine), consumer, wanted, timeout_s, progress)
-    doc.compared.seconds = trial_seconds  # the comparison's own default otherwise
+    doc = _Doctor(
+        loader, facts_for(machine), consumer, wanted, timeout_s, progress, seconds=trial_seconds
+    )
     for name in STEPS:
         doc.step(name)
     return doc.report(target)
@@ -125,38 +127,21 @@ def tune_checks(
     """The doctor's dataset and resource checks for a finished ``tune`` (``TUNE_CHECKS``): a look
     inside 2 workers, an IterableDataset's duplicates, and the memory run only when the dataset
     holds large Python containers. Well under 5 s on a working pipeline."""
-    doc = _Doctor(loader, facts, None, set(TUNE_CHECKS), timeout_s, None)
-    doc.compared.baseline, doc.compared.best = baseline, best
-    doc.workers = max(doc.config.num_workers, best.config.num_workers)
-    doc.memory_seconds = 2.0
+    doc = _Doctor(
+        loader,
+        facts,
+        None,
+        set(TUNE_CHECKS),
+        timeout_s,
+        None,
+        measured=(baseline, best),
+        memory_seconds=TUNE_MEMORY_SECONDS,
+    )
     for name in ("workers", "duplicates"):
         doc.step(name)
     if doc.containers:
         doc.step("memory")
     return doc.findings()
-
-
-def _facts(machine: MachineFacts | Mapping[str, Any] | None) -> MachineFacts:
-    if isinstance(machine, MachineFacts):
-        return machine
-    facts = collect()
-    if not machine:
-        return facts
-    unknown = sorted(set(machine) - set(facts.to_dict()))
-    if unknown:
-        raise UserError(f"unknown machine fact {', '.join(map(repr, unknown))}")
-    return MachineFacts.from_dict({**facts.to_dict(), **machine})
-
-
-@dataclass
-class _Evidence:
-    """What the steps gathered; each stays None (or empty) when its step did not run."""
-
-    views: list[WorkerView] = field(default_factory=list)
-    digests: StreamDigests | None = None
-    run: SampleRun | None = None
-    pickled_bytes: int | None = None
-    batch: MainBatch | None = None
 
 
 class _Doctor:
@@ -170,18 +155,29 @@ class _Doctor:
         wanted: set[str],
         timeout_s: float,
         progress: Callable[[str], None] | None,
+        *,
+        seconds: float = TRIAL_SECONDS,
+        measured: tuple[Trial, Trial] | None = None,
+        memory_seconds: float = MEMORY_SECONDS,
     ) -> None:
+        """``measured``: your settings and the answer, already measured (tune's), judged
+        instead of measuring them again; the dataset traps are then judged at the larger of
+        the two worker counts."""
         self.loader, self.facts, self.consumer = loader, facts, consumer
         self.wanted, self.timeout_s, self.progress = wanted, timeout_s, progress
         self.config = config_of(loader)
-        self.memory_seconds = MEMORY_SECONDS
+        self.memory_seconds = memory_seconds
         self.started = time.monotonic()
         self.runs: list[CheckRun] = []
-        self.seen = _Evidence()
-        self.compared = Comparison(loader, facts, consumer, timeout_s=timeout_s)
+        self.seen = Evidence()
+        self.compared = Comparison(
+            loader, facts, consumer, seconds=seconds, timeout_s=timeout_s, measured=measured
+        )
         self.pipeline_error: str | None = None
         #: The worker count the dataset traps are judged at (tune: its answer, if more).
-        self.workers = self.config.num_workers
+        self.workers = max(
+            self.config.num_workers, measured[1].config.num_workers if measured else 0
+        )
         self.containers = self._static_scan()
 
     def _static_scan(self) -> list[Container]:

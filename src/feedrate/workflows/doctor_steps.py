@@ -4,9 +4,14 @@ adds to its own findings (``TUNE_CHECKS``), and how long the memory run samples.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from feedrate.errors import UserError
+from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring.shm import MainBatch
+from feedrate.results.evidence import SampleRun, StreamDigests, WorkerView
 
 #: Every finding id the doctor reports, each with the steps that gather its evidence ("static"
 #: needs none beyond the machine facts and the loader's settings).
@@ -51,6 +56,8 @@ TUNE_CHECKS = (
 #: memory grow), and otherwise (a batch, and the workers' threads while loading).
 MEMORY_SECONDS = 2.5
 BRIEF_SECONDS = 0.5
+#: Seconds of the memory run inside ``tune`` (where the dataset holds large containers).
+TUNE_MEMORY_SECONDS = 2.0
 
 
 def wanted_checks(ids: Collection[str] | None) -> set[str]:
@@ -63,3 +70,28 @@ def wanted_checks(ids: Collection[str] | None) -> set[str]:
             f"unknown check {', '.join(map(repr, unknown))}: choose from {', '.join(CHECKS)}"
         )
     return set(ids)
+
+
+def facts_for(machine: MachineFacts | Mapping[str, Any] | None) -> MachineFacts:
+    """The facts to judge by: this machine's, ``machine`` itself, or this machine's with the
+    fields a mapping names overridden (``{"shm_free_bytes": 64 * 2**20}``)."""
+    if isinstance(machine, MachineFacts):
+        return machine
+    facts = collect()
+    if not machine:
+        return facts
+    unknown = sorted(set(machine) - set(facts.to_dict()))
+    if unknown:
+        raise UserError(f"unknown machine fact {', '.join(map(repr, unknown))}")
+    return MachineFacts.from_dict({**facts.to_dict(), **machine})
+
+
+@dataclass
+class Evidence:
+    """What the steps gathered; each stays None (or empty) when its step did not run."""
+
+    views: list[WorkerView] = field(default_factory=list)
+    digests: StreamDigests | None = None
+    run: SampleRun | None = None
+    pickled_bytes: int | None = None
+    batch: MainBatch | None = None

@@ -62,7 +62,9 @@ def refuse_shm_overflow(
 class Comparison:
     """Measure ``loader``'s own settings (``baseline``), then with ``run(alternatives=True)`` the
     alternatives (``trials``) and choose the ``best`` as ``tune`` would among them.
-    ``measure_trial``: how one configuration is measured (default: ``measure`` on ``loader``)."""
+    ``measure_trial``: how one configuration is measured (default: ``measure`` on ``loader``).
+    ``measured``: your settings and the best, measured already (by ``tune``), to judge as they
+    are."""
 
     def __init__(
         self,
@@ -73,14 +75,15 @@ class Comparison:
         seconds: float = TRIAL_SECONDS,
         timeout_s: float = 30.0,
         measure_trial: MeasureTrial | None = None,
+        measured: tuple[Trial, Trial] | None = None,
     ) -> None:
         self.loader, self.facts, self.consumer = loader, facts, consumer
         self.seconds, self.timeout_s = seconds, timeout_s
         self.measure_trial = measure_trial or self._measured
         self.config = config_of(loader)
-        self.baseline: Trial | None = None
+        self.baseline: Trial | None = None if measured is None else measured[0]
         self.trials: list[Trial] = []
-        self.best: Trial | None = None
+        self.best: Trial | None = None if measured is None else measured[1]
         self.loader_alone: Trial | None = None
         self.consumer_alone: float | None = None
 
