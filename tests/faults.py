@@ -109,19 +109,6 @@ def loader_of_slow_squares(workers: int) -> DataLoader[torch.Tensor]:
     return DataLoader(SlowSquares(), batch_size=4, num_workers=workers)
 
 
-class HangsAfter(Squares):
-    """Items up to ``at`` load; the next one never returns (a blocking read gone wrong)."""
-
-    def __init__(self, n: int = 256, at: int = 8) -> None:
-        super().__init__(n)
-        self.at = at
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        while i >= self.at:
-            time.sleep(0.05)
-        return super().__getitem__(i)
-
-
 class BigSamples(Dataset[torch.Tensor]):
     """Samples of ``sample_bytes`` each (zeros, cheap to make): batches of 4 are 8 MiB by
     default, so 4 workers × prefetch_factor 4 keep 128 MiB in flight, twice what Docker's

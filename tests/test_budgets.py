@@ -18,7 +18,8 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.measuring.measure import measure
 from feedrate.workflows.tune import tune
 
-from faults import HangsAfter, fault, slow_start_loader, write_target
+from faults import fault, slow_start_loader, write_target
+from pipelines import HangingDataset
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +58,7 @@ def test_a_hang_under_tune_is_detected_within_the_budget() -> None:
     fault("hang-under-tune-budget")
     began = time.monotonic()
     with pytest.raises(PipelineTimeoutError, match="budget_s=8"):
-        tune(DataLoader(HangsAfter(), batch_size=2), budget_s=8, use_cache=False)
+        tune(DataLoader(HangingDataset(at=8), batch_size=2), budget_s=8, use_cache=False)
     took = time.monotonic() - began
     assert took < 30.0, took  # was 60-75 s whatever the budget
 
@@ -67,8 +68,8 @@ def test_tune_timeout_option_reaches_the_search(
 ) -> None:
     target = write_target(
         tmp_path,
-        "from torch.utils.data import DataLoader\nfrom faults import HangsAfter\n"
-        "loader = DataLoader(HangsAfter(), batch_size=2)",
+        "from torch.utils.data import DataLoader\nfrom pipelines import HangingDataset\n"
+        "loader = DataLoader(HangingDataset(at=8), batch_size=2)",
     )
     fault("tune-timeout-option")
     began = time.monotonic()

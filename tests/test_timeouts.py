@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 import feedrate
 from feedrate.errors import PipelineTimeoutError
 
-from faults import HangsAfter, fault
+from faults import fault
+from pipelines import HangingDataset
 
 
 @pytest.mark.parametrize(
@@ -20,7 +21,7 @@ from faults import HangsAfter, fault
     [(fault("hang-off-the-main-thread"), 0), ("hang-in-workers-off-the-main-thread", 2)],
 )
 def test_a_hang_off_the_main_thread_times_out(case: str, workers: int) -> None:
-    loader = DataLoader(HangsAfter(), batch_size=2, num_workers=workers)
+    loader = DataLoader(HangingDataset(at=8), batch_size=2, num_workers=workers)
     began = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(feedrate.measure, loader, batches=50, timeout_s=2.0)
@@ -31,4 +32,4 @@ def test_a_hang_off_the_main_thread_times_out(case: str, workers: int) -> None:
 
 def test_a_hang_in_the_main_thread_times_out() -> None:
     with pytest.raises(PipelineTimeoutError, match=r"raise the timeout .*timeout_s"):
-        feedrate.measure(DataLoader(HangsAfter(), batch_size=2), batches=50, timeout_s=1.0)
+        feedrate.measure(DataLoader(HangingDataset(at=8), batch_size=2), batches=50, timeout_s=1.0)
