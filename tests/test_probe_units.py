@@ -50,6 +50,8 @@ no_deadline = settings(deadline=None)
 
 #: The resolution of a process's CPU counters (/proc ticks, usually 10 ms).
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+#: Floating-point slack when comparing sums of ticks (0.05 - 0.01 is not 0.04 exactly).
+EPS = 1e-9
 
 
 def spin(cpu_s: float) -> None:
@@ -259,9 +261,11 @@ def test_probe_window_arithmetic_with_fake_iterator(tmp_path: Path) -> None:
     assert [(w.worker_id, w.pid, w.measured_s) for w in rep.workers] == [(0, os.getppid(), 3.5)]
     assert rep.shm_peak_bytes is None  # no such shared-memory filesystem
     # The CPU spent in the first window counts for the thread and the process that spent it
-    # (less a clock tick of counter resolution), not for the main process's other threads.
-    assert rep.pin_memory_thread.cpu_s >= 0.05 - TICK_S
-    assert rep.workers[0].cpu_s >= 0.05 - TICK_S
+    # (less a clock tick of counter resolution: both readings are whole ticks, and their
+    # difference in floating point may fall a hair under one tick short), not for the main
+    # process's other threads.
+    assert rep.pin_memory_thread.cpu_s >= 0.05 - TICK_S - EPS
+    assert rep.workers[0].cpu_s >= 0.05 - TICK_S - EPS
     assert rep.main.cpu_s < 0.05 - TICK_S
     for fig in (rep.main, rep.pin_memory_thread, rep.workers[0]):
         assert fig.cpu_util == fig.cpu_s / fig.measured_s
@@ -302,7 +306,7 @@ def test_probe_sees_real_workers() -> None:
     # At least 16 of the 20 batches were fetched inside the window (the 4 the workers may have
     # had queued before it opened excepted), 2 samples of 3 ms CPU each: 96 ms in all, less a
     # clock tick of counter resolution per worker.
-    assert sum(w.cpu_s for w in rep.workers) >= 16 * 0.006 - 2 * TICK_S
+    assert sum(w.cpu_s for w in rep.workers) >= 16 * 0.006 - 2 * TICK_S - EPS
     assert all(w.uss_bytes is not None and w.uss_bytes > 0 for w in rep.workers)
     assert rep.main.uss_bytes is not None and rep.main.uss_bytes > 0
     assert rep.pin_memory_thread is None  # pin_memory was off
