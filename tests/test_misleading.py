@@ -140,3 +140,16 @@ def test_an_answer_that_rests_on_a_loaded_trial_says_so() -> None:
     why = reason(space, best, best, None, [best, two])
     assert "Other processes kept 1.1 of the 2 CPUs busy while w=2 pf=2 persistent was" in why
     assert "on a quiet machine the answer may differ" in why
+
+
+def test_a_trial_no_slower_than_the_answer_is_not_called_slower() -> None:
+    # From a real demo run: the answer (w=2, 1,190) was the cheapest within the noise of the
+    # fastest (w=3 pf=4, 1,238); w=3 pf=2 (1,194) was beaten by the fastest but not slower than
+    # the answer, and read "-0% slower".
+    from feedrate.search.advice import verdicts
+
+    space = Space(2, LoaderConfig(0), 128)
+    best, middle, top = measured(2, 1190.0), measured(3, 1194.0), measured(4, 1238.0)
+    best.spread = Spread.of_rates([1150.0, 1190.0, 1230.0])  # noisy: within reach of the top
+    verdicts(space, [best, middle, top], best)
+    assert "slower" not in middle.verdict and "recommended" in middle.verdict

@@ -42,6 +42,8 @@ def verdicts(space: Space, trials: list[Trial], best: Trial) -> None:
             )
         elif top is not None and not beats(top, t):
             t.verdict = "within noise of the fastest"
+        elif not beats(best, t):  # e.g. a hair faster than the cheaper recommendation
+            t.verdict = "within noise of the recommended"
         elif best.median > 0:
             t.verdict = f"{1 - t.median / best.median:.0%} slower"
 
