@@ -41,18 +41,6 @@ class Squares(Dataset[torch.Tensor]):
         return torch.tensor([float(i * i)])
 
 
-class SlowSquares(Squares):
-    """Squares that take ``sleep_s`` each: workers keep running long enough to be signalled."""
-
-    def __init__(self, n: int = 4096, sleep_s: float = 0.05) -> None:
-        super().__init__(n)
-        self.sleep_s = sleep_s
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(self.sleep_s)
-        return super().__getitem__(i)
-
-
 class CrashInWorkers(Squares):
     """Fine in the main process; every item read in a worker process kills it (SIGSEGV)."""
 
@@ -106,7 +94,9 @@ def wait_for_children(pid: int, count: int, timeout_s: float = 90.0) -> list[psu
 
 
 def loader_of_slow_squares(workers: int) -> DataLoader[torch.Tensor]:
-    return DataLoader(SlowSquares(), batch_size=4, num_workers=workers)
+    from pipelines import SleepDataset
+
+    return DataLoader(SleepDataset(4096, sleep_s=0.05), batch_size=4, num_workers=workers)
 
 
 class BigSamples(Dataset[torch.Tensor]):

@@ -30,7 +30,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck, classify
 from feedrate.search.budgets import space_for
 from feedrate.search.propose import choose
-from feedrate.search.space import Space, beats, covers, fastest, predict_over_budget
+from feedrate.search.space import Space, beats, covers, fastest, predict_over_budget, with_workers
 
 #: Seconds of steady state per configuration measured.
 TRIAL_SECONDS = 1.5
@@ -146,9 +146,8 @@ class Comparison:
         return space_for(self.facts, self.config, consumer=self.consumer is not None)
 
     def _with(self, workers: int) -> LoaderConfig:
-        base = self.config
-        pf = base.prefetch_factor if base.num_workers else None
-        return LoaderConfig(workers, base.pin_memory, pf, workers > 0, base.in_order)
+        """``workers`` persistent workers, your other settings, one thread each."""
+        return with_workers(self.config, workers, threads=1)
 
     def _alternatives(self) -> list[tuple[LoaderConfig, str]]:
         cpus, mine = self.facts.cpus_usable, self.config.num_workers
