@@ -7,10 +7,20 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint docs bench bench-compare bench-quick clean
 
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check
+
 $(STAMP): pyproject.toml requirements/dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt -e '.[dev]'
+	$(PIP) -r requirements/dev.txt -e '.[dev]'
 	touch $(STAMP)
+
+# For the tests only: the trainers and data libraries the integration tests run against, beside
+# the torch pin (requirements/libraries.txt says why two go in without their dependencies).
+EXTRAS := $(VENV)/.installed-extras
+$(EXTRAS): $(STAMP) requirements/trainers.txt requirements/libraries.txt
+	$(PIP) -c requirements/dev.txt -r requirements/trainers.txt -r requirements/libraries.txt
+	$(PIP) --no-deps -c requirements/dev.txt litdata==0.2.76 mosaicml-streaming==0.13.0
+	touch $(EXTRAS)
 
 demo: $(STAMP)
 	mkdir -p demo
@@ -26,7 +36,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint docs
+test: lint docs $(EXTRAS)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

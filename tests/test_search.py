@@ -125,8 +125,10 @@ def test_latency_bound_optimum_far_past_cpu_count() -> None:
 
 
 def test_search_stops_when_gains_fall_within_noise() -> None:
+    # One step to the count the scaling predicts (16 times the workers at most); it bent, so
+    # the search bisects below it instead of going further.
     best, trials = run(space(cpus=2), latency_bound(per_worker=100, ceiling=450))
-    assert max(t.config.num_workers for t in trials) <= 16
+    assert max(t.config.num_workers for t in trials) <= 32
     assert 4 <= best.config.num_workers <= 8
 
 
@@ -138,14 +140,22 @@ def test_deeper_prefetch_kept_only_when_it_measures_better() -> None:
     assert best.config.prefetch_factor == 2  # no gain: the cheaper queue wins
 
 
-def test_memory_budget_skips_without_starting() -> None:
+def test_memory_budget_bounds_the_step_without_starting_more() -> None:
     model = latency_bound()
     big = lambda cfg: Figures(**{**model(cfg).__dict__, "worker_uss": 500 * 2**20})  # noqa: E731
     best, trials = run(space(cpus=2, memory_budget=4 * 2**30), big)
-    skipped = [t for t in trials if t.skipped]
-    assert skipped and all("over the budget" in (t.skipped or "") for t in skipped)
     assert all(t.config.num_workers * 500 * 2**20 <= 4 * 2**30 for t in trials if t.measured)
+    assert any("memory budget" in t.reason for t in trials)
     assert best.config.num_workers <= 7
+
+
+def test_a_proposal_over_the_memory_budget_is_skipped_not_measured() -> None:
+    # A deeper queue at the most workers that fit: its batches would not; skipped unmeasured.
+    s = space(cpus=2, shm_budget=40 * 2**20)
+    trials = [make_trial(LoaderConfig(8), "x", latency_bound()(LoaderConfig(8)), None)]
+    assert predict_over_budget(s, trials, LoaderConfig(8, prefetch_factor=2)) is None
+    reason = predict_over_budget(s, trials, LoaderConfig(8, prefetch_factor=4))
+    assert reason is not None and "over the budget" in reason
 
 
 def test_shm_budget_predicted_from_batch_bytes() -> None:
@@ -232,11 +242,14 @@ def test_starved_workers_are_cpu_bound_not_latency_bound() -> None:
     assert bottleneck(sleeping, 2) == "latency"
 
 
-def test_latency_bound_search_quadruples_while_scaling_is_linear() -> None:
+def test_latency_bound_search_steps_to_the_ceiling_the_scaling_predicts() -> None:
+    # Linear from 0 to 2 workers: x16 (the most one step takes); linear again, and the CPU
+    # time at 32 workers (0.32 main + 0.96 workers) projects 85% of 2 CPUs at 42 workers.
     _, trials = run(space(cpus=2), latency_bound())
     counts = [t.config.num_workers for t in trials if t.config.prefetch_factor in (None, 2)]
-    assert counts[:4] == [0, 2, 8, 32]  # baseline, one per CPU, then x4 while linear
-    assert 4 not in counts and 16 not in counts
+    assert counts[:4] == [0, 2, 32, 42]
+    assert "85% of the 2 usable CPUs" in trials[counts.index(42)].reason
+    assert 4 not in counts and 8 not in counts and 16 not in counts
 
 
 def test_consumer_mode_stops_doubling_when_the_stall_stops_falling() -> None:
@@ -406,3 +419,41 @@ def test_online_tries_no_workers_after_busy_workers_making_big_batches() -> None
     trials = online(s, big, 1000.0, start, batch_bytes=12 * 2**20)
     assert trials[-1].config.num_workers == 0
     assert all(t.config.num_workers for t in online(s, big, 1000.0, start, batch_bytes=2**16))
+
+
+def test_a_projected_cpu_ceiling_is_a_target_not_a_wall() -> None:
+    # Workers that read (1 ms) then compute (0.5 ms): at 2 workers the CPU time projects the
+    # CPUs busy at 4, yet the rate keeps growing to 5.5 workers' worth (the reads leave gaps).
+    # Stopping at the projection would leave a quarter on the table.
+    def model(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        if w == 0:
+            return Figures(600.0, 0.9, 0.0)
+        return Figures(600.0 * min(w, 5.5), 0.1, 0.34)
+
+    best, trials = run(space(cpus=2), model)
+    assert best.config.num_workers >= 6, [(t.config.num_workers, t.median) for t in trials]
+    assert any("while the gain beats the noise" in t.reason for t in trials)
+
+
+@pytest.mark.parametrize(("main_cpu", "tries_zero"), [(0.45, True), (0.1, False)])
+def test_online_a_main_process_busy_receiving_batches_tries_no_workers(
+    main_cpu: float, tries_zero: bool
+) -> None:
+    # A loop that never gets enough: 2, 4 and 8 workers, the workers mostly waiting and more
+    # of them a little faster. With the main process busy receiving the batches (tabular rows,
+    # dict records) the hand-off is the cost and no workers may be fastest; with it idle
+    # (waits on storage) no workers would wait on every read.
+    s = space(cpus=2, baseline=LoaderConfig(2, prefetch_factor=2, persistent_workers=True))
+    s = Space(**{**s.__dict__, "consumer": True})
+    trials = [
+        make_trial(
+            LoaderConfig(w, prefetch_factor=2, persistent_workers=True),
+            "x",
+            Figures(rate, main_cpu, 0.1),
+            consumer=1e9,
+        )
+        for w, rate in ((2, 100_000.0), (4, 130_000.0), (8, 131_000.0))
+    ]
+    proposal = propose_online(s, trials)
+    assert (proposal is not None and proposal[0].num_workers == 0) is tries_zero

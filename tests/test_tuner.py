@@ -16,21 +16,18 @@ from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial, probe_fields
+from feedrate.search.online_trial import TRIAL_BATCHES, TRIAL_S, TrialTiming, window_rates
 from feedrate.search.plan import next_trial
 from feedrate.search.propose import propose_online
 from feedrate.search.space import Proposal, Space
 from feedrate.search.tuner import (
     RETUNE_STALL,
-    TRIAL_BATCHES,
-    TRIAL_S,
     WATCH_BATCHES,
     CheckThreads,
     OnlineTuner,
     Settle,
-    TrialTiming,
     Try,
     online,
-    window_rates,
 )
 
 MiB = 2**20
@@ -348,3 +345,66 @@ def test_the_online_search_steps_through_next_trial() -> None:
     trial = replace(measured(online(LoaderConfig(2))), stall_fraction=0.8, workers_cpu=0.2)
     step = next_trial(space, [trial], propose_online, spent=False)
     assert step.action == "try" and step.config is not None and step.config.num_workers > 2
+
+
+# --- bursts: workers deliver in rounds ----------------------------------------------------------
+
+
+def feed_rounds(st: TrialTiming, workers: int, batch_s: float, samples: int = 4) -> int:
+    """Feed a do-nothing loop's batches from ``workers`` started together: each round's first
+    batch waits a worker's whole batch time, the rest of the round is ready. Returns the
+    batches fed when the trial was done."""
+    now, fed = 0.0, 0
+    st.start(now)
+    while not st.done(now):
+        wait = batch_s if fed % workers == 0 else 0.0
+        now += wait
+        st.add(samples, wait, 0.0, now)
+        fed += 1
+        assert fed < 10_000, "the trial never ended"
+    return fed
+
+
+@pytest.mark.parametrize("workers", [8, 64, 128])
+def test_an_online_trial_is_judged_on_whole_rounds_not_on_a_burst(workers: int) -> None:
+    # The true rate: workers × 4 samples per 0.1 s. Twelve batches inside one burst would
+    # read hundreds of thousands of samples/s; whole rounds read the pipeline's rate.
+    st = TrialTiming.planned(LoaderConfig(workers), "test", 0, None)
+    fed = feed_rounds(st, workers, 0.1)
+    assert fed % workers == 0 and fed >= 2 * workers
+    trial = st.result(None, None)
+    assert trial.samples_per_s == pytest.approx(workers * 4 / 0.1)
+    assert trial.median == pytest.approx(workers * 4 / 0.1)
+
+
+def test_an_epoch_too_short_for_whole_rounds_is_measured_whole() -> None:
+    # 20 batches an epoch, 16 workers and a warm-up of 5: no whole round fits after it, so
+    # the trial takes the whole epoch from its start, the wait for the first round included.
+    st = TrialTiming.planned(LoaderConfig(16), "test", 5, 20)
+    assert st.whole_epoch and st.warmup == 0 and st.need == 20
+    fed = feed_rounds(st, 16, 0.1)
+    assert fed == 20
+    assert st.result(None, None).samples_per_s == pytest.approx(20 * 4 / 0.2)
+
+
+def test_window_rates_in_whole_rounds() -> None:
+    waits = [1.0 if i % 4 == 0 else 0.0 for i in range(18)]  # rounds of 4, two batches over
+    rates = window_rates([2] * 18, waits, [0.0] * 18, windows=4, round_batches=4)
+    assert rates == pytest.approx([8.0] * 4)
+
+
+def test_a_warm_up_shorter_than_a_round_is_rounded_up_to_one() -> None:
+    # 94 workers, a warm-up of 32 (a quarter of a 128-batch epoch): a window opened after 32
+    # batches would count the rest of the first round's burst. Rounded up to one round, the
+    # epoch has no room for another: the trial takes the whole epoch instead.
+    st = TrialTiming.planned(LoaderConfig(94), "test", 32, 128)
+    assert st.whole_epoch and st.warmup == 0
+    longer = TrialTiming.planned(LoaderConfig(16), "test", 5, 1000)
+    assert longer.warmup == 16 and longer.round_batches == 16
+
+
+def test_an_epoch_timed_whole_is_one_figure_not_its_bursts() -> None:
+    st = TrialTiming.planned(LoaderConfig(16), "test", 5, 20)
+    feed_rounds(st, 16, 0.1)
+    trial = st.result(None, None)
+    assert trial.spread is not None and trial.spread.windows == [pytest.approx(20 * 4 / 0.2)]

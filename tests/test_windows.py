@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from feedrate.measuring.rates import stall_fraction, summarize
 from feedrate.measuring.windows import (
     MIN_BATCHES_PER_WINDOW,
     EmptyLoaderError,
@@ -23,8 +24,6 @@ from feedrate.measuring.windows import (
     Window,
     WindowPlan,
     run,
-    stall_fraction,
-    summarize,
 )
 
 
@@ -689,3 +688,67 @@ def test_an_unknown_long_epoch_keeps_its_windows() -> None:
     _, loader = scripted(0.25, length=40)
     t = measure(loader, WindowPlan(windows=2, batches=8, warmup_batches=4))
     assert t.method == "windows" and t.epochs == 0  # done inside the first epoch
+
+
+# --- workers deliver in rounds ------------------------------------------------------------------
+
+
+def bursts(workers: int, batch_s: float) -> Cost:
+    """``workers`` started together: each round's first batch takes a worker's whole batch
+    time, the rest of the round arrives at once (they were ready)."""
+    return lambda _epoch, i: batch_s if i % workers == 0 else 0.0
+
+
+@pytest.mark.parametrize("workers", [4, 16, 64])
+def test_windows_closed_by_time_end_on_whole_rounds(workers: int) -> None:
+    # The true rate is workers × 4 samples per second; a window that closed in the middle of a
+    # burst would read up to one round too many or too few.
+    _, loader = scripted(bursts(workers, 1.0), length=10_000)
+    plan = WindowPlan(windows=4, seconds=2.0, warmup_batches=workers, round_batches=workers)
+    t = measure(loader, plan)
+    assert t.windows and all(w.batches % workers == 0 for w in t.windows)
+    assert summarize(t.windows).samples_per_s == pytest.approx(workers * 4.0)
+    assert summarize(t.windows).median == pytest.approx(workers * 4.0)
+
+
+def test_without_rounds_a_burst_misleads_the_window() -> None:
+    # The same pipeline measured without round alignment: windows split bursts, and the median
+    # window is not the pipeline's rate. This is what round_batches is for.
+    _, loader = scripted(bursts(16, 1.0), length=10_000)
+    t = measure(loader, WindowPlan(windows=4, seconds=2.0, warmup_batches=16))
+    assert summarize(t.windows).median != pytest.approx(16 * 4.0)
+
+
+def test_a_window_cut_short_keeps_its_whole_rounds() -> None:
+    # Epochs of 100 batches with 16 workers: after a warm-up of 16, each epoch holds five whole
+    # rounds and part of a sixth; that part's burst is not a rate and is cut away.
+    _, loader = scripted(bursts(16, 1.0), length=100)
+    plan = WindowPlan(windows=2, seconds=20.0, warmup_batches=16, round_batches=16)
+    t = measure(loader, plan, epoch_length=100)
+    assert t.windows and all(w.batches % 16 == 0 for w in t.windows)
+    assert summarize(t.windows).samples_per_s == pytest.approx(16 * 4.0)
+
+
+def test_the_deadline_waits_for_a_first_whole_round() -> None:
+    # A deadline that falls inside the first round after warm-up: the run finishes that round
+    # (within twice the deadline) rather than report a rate from part of a burst.
+    _, loader = scripted(bursts(8, 3.0), length=10_000)
+    plan = WindowPlan(windows=4, seconds=1.0, warmup_batches=8, round_batches=8)
+    t = measure(loader, plan)
+    assert t.stopped_by_deadline
+    assert [w.batches for w in t.windows] == [8]
+    assert summarize(t.windows).samples_per_s == pytest.approx(8 * 4 / 3.0)
+
+
+def test_round_batches_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="round_batches"):
+        WindowPlan(round_batches=0)
+
+
+def test_an_iterable_datasets_length_hint_times_short_epochs_whole_from_the_start() -> None:
+    # 40 batches an epoch against a warm-up of 24: windows would hold the queue's backlog. The
+    # epoch's length is unknown (an IterableDataset) but its hint says so before an epoch ends.
+    _, loader = scripted(bursts(8, 1.0), length=40)
+    plan = WindowPlan(windows=2, seconds=2.0, warmup_batches=24, round_batches=8)
+    t = run(loader, plan, int, clock=loader.clock, length_hint=40)
+    assert t.method == "whole-epochs" and t.epochs >= 2

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Sampler
 from feedrate.loader import threaded as fetching
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import (
+    allow_many_workers,
     quiet_worker_count_warning,
     rebuild,
 )
@@ -92,7 +93,9 @@ class Lane:
         self.config = config
         self.feed = Feed() if split else None
         persistent = replace(config, persistent_workers=config.num_workers > 0)
-        self.loader = rebuild(user, persistent, batch_sampler=self.feed)
+        # allow_many_workers: DataLoader's warning, which iter() of a generator __iter__ (a
+        # StreamingDataLoader's) would print outside quiet_worker_count_warning, is ours to judge.
+        self.loader = allow_many_workers(rebuild(user, persistent, batch_sampler=self.feed))
         if seed is not None:
             # Worker seeds from the epoch's own draw; the user's generator is left alone.
             self.loader.generator = torch.Generator().manual_seed(seed)
@@ -127,7 +130,13 @@ class Lane:
         self.feed.frozen = False
 
     def close(self) -> None:
+        """End the lane's workers: those of its iterator and of its loader's persistent one
+        (the same, unless the loader's ``__iter__`` is a generator that hides it)."""
         if self.it is not None:
             stop_workers(self.it)
             self.it = None
+        persistent = getattr(self.loader, "_iterator", None)
+        if persistent is not None:
+            stop_workers(persistent)
+            self.loader._iterator = None
         fetching.close(self.loader.dataset)

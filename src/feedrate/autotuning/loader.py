@@ -29,9 +29,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from feedrate.autotuning import delegation
 from feedrate.autotuning.lanes import Lane, Stream
 from feedrate.autotuning.start import save, starting_point
 from feedrate.errors import UserError
+from feedrate.loader import libraries
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style
@@ -41,8 +43,9 @@ from feedrate.measuring.measure import warmup_batches
 from feedrate.measuring.processes import ProcessProbe
 from feedrate.results.autotune import AutotuneReport
 from feedrate.results.processes import ProbeReport
+from feedrate.search.online_trial import TrialTiming
 from feedrate.search.space import Proposal
-from feedrate.search.tuner import BUDGET_S, CheckThreads, OnlineTuner, Settle, TrialTiming
+from feedrate.search.tuner import BUDGET_S, CheckThreads, OnlineTuner, Settle
 
 
 class AutoLoader:
@@ -91,6 +94,9 @@ class AutoLoader:
         self._probed: TrialTiming | None = None  # the trial the probe watches
         self._window = False  # the probe's window is open
         self._seed = 0
+        #: A WebLoader's stages after its DataLoader, run on the tuned epochs (see autotune).
+        self._pipeline: Callable[[], Iterator[Any]] | None = None
+        self._resume: dict[str, Any] | None = None  # a state for the next lane (load_state_dict)
 
     # --- what a training loop uses -------------------------------------------------------------
 
@@ -115,17 +121,19 @@ class AutoLoader:
         return len(self._user)
 
     def set_epoch(self, epoch: int) -> None:
-        """Passed to the sampler (e.g. ``DistributedSampler``) or a batch sampler's sampler."""
-        owners: list[Any] = [
-            self._user.sampler,
-            getattr(self._user.batch_sampler, "sampler", None),
-            self._user.batch_sampler,
-        ]
-        for owner in owners:
-            set_epoch = getattr(owner, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
-                return
+        """Passed to the sampler (e.g. ``DistributedSampler``) or a batch sampler's sampler,
+        and to a dataset with a ``set_epoch`` of its library's (Hugging Face, litdata)."""
+        delegation.set_epoch(self._user, epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's resumption state (litdata's or MosaicML's
+        ``StreamingDataLoader``), from the settings in use; ``UserError`` where it has none."""
+        return delegation.state_dict(None if self._lane is None else self._lane.loader, self._user)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` (what ``state_dict`` gave): the next epoch's loader takes it."""
+        delegation.can_load_state(self._user)
+        self._resume = state
 
     def report(self) -> AutotuneReport:
         """What was tried and why, and the settings in use."""
@@ -150,12 +158,17 @@ class AutoLoader:
 
     def __iter__(self) -> Iterator[Any]:
         try:
-            yield from (self._split_epoch() if self._split else self._whole_epoch())
+            yield from (self._epoch() if self._pipeline is None else self._pipeline())
         except BaseException:
             self.close()  # an error or Ctrl-C in the loop (or ours): no worker left behind
             raise
 
     # --- one epoch -----------------------------------------------------------------------------
+
+    def _epoch(self) -> Iterator[Any]:
+        yield from self._split_epoch() if self._split else self._whole_epoch()
+        if self._lane is not None:  # the library's epoch count goes on in the next lane
+            libraries.carry_state(self._lane.loader, self._user)
 
     def _split_epoch(self) -> Iterator[Any]:
         # As DataLoader does for each iterator: iter(batch sampler), then a base seed drawn from
@@ -212,6 +225,8 @@ class AutoLoader:
             if self._lane is not None:
                 self._lane.close()
             self._lane = Lane(self._user, cfg, self._split, self._seed if self._split else None)
+        delegation.resume(self._lane.loader, self._resume)
+        self._resume = None
         self._lane.start(stream)
         now = self._clock()
         self._tuner.lane_started(now)  # a trial starts (again) with the epoch
@@ -311,7 +326,7 @@ class AutoLoader:
 
 
 def autotune(
-    loader: DataLoader[Any],
+    loader: DataLoader[Any] | Any,
     *,
     rate: float | None = None,
     budget_s: float = BUDGET_S,
@@ -334,8 +349,14 @@ def autotune(
     that rate (a loop slower than ``rate`` cannot show a loader faster than itself, so the
     report says when that limited the answer). ``budget_s``: training seconds one round of
     tuning may spend on trials; once spent, it settles on the best configuration so far.
+
+    ``loader`` may be webdataset's ``WebLoader``: its DataLoader is tuned and the stages after
+    it run on the tuned batches. ``state_dict``/``load_state_dict`` are those of a streaming
+    loader (litdata's, MosaicML's); ``set_epoch`` reaches a library dataset's own too.
     """
-    if not isinstance(loader, DataLoader):
+    webloader = libraries.webloader_parts(loader)
+    inner = loader if webloader is None else webloader[0]
+    if not isinstance(inner, DataLoader):
         raise UserError(
             f"autotune() takes a torch.utils.data.DataLoader, got {type(loader).__name__}"
         )
@@ -345,8 +366,8 @@ def autotune(
         raise UserError(f"rate must be a positive number of samples/s, got {rate!r}")
     if not (isinstance(budget_s, int | float) and budget_s > 0):
         raise UserError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
-    return AutoLoader(
-        loader,
+    auto = AutoLoader(
+        inner,
         max_workers=max_workers,
         allow_threads=allow_threads,
         use_cache=cache,
@@ -354,3 +375,6 @@ def autotune(
         rate=None if rate is None else float(rate),
         budget_s=float(budget_s),
     )
+    if webloader is not None:  # wds.WebLoader: tune its DataLoader, keep the stages after it
+        auto._pipeline = delegation.around(loader, auto._epoch)
+    return auto

@@ -11,9 +11,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from feedrate.checks import dataset as checks_dataset
+from feedrate.checks import streams
 from feedrate.checks.machine import shm_finding, shm_fitting
 from feedrate.errors import UserError
+from feedrate.loader import libraries
 from feedrate.loader.batches import thread_cap
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style
@@ -79,8 +80,8 @@ def starting_point(
     config, started_from, stall = _start_config(loader, facts, space, keys)
     config, started_from = within_shm(loader, facts, config, started_from)
     # An IterableDataset that does not split its stream by worker yields all of it once per
-    # worker: one that runs without workers gets them only when 2 workers were seen to
-    # yield different items (a few seconds, once).
+    # worker: its worker count changes only when 2 workers were seen to yield different
+    # samples (a few seconds, once) or its library is known to split it.
     unsplit = unsplit_stream(loader) if is_iterable_style(loader) else None
     if unsplit is not None:
         config, started_from = config_of(loader), f"your settings: {unsplit}"
@@ -93,9 +94,12 @@ def within_shm(
 ) -> tuple[LoaderConfig, str]:
     """``config``, or the nearest configuration whose batches in flight fit /dev/shm when
     ``config``'s are predicted to overflow it (``shm_finding``, sized by one batch made in the
-    main process, so no worker starts first), with ``started_from`` saying why."""
+    main process, so no worker starts first; not for a dataset that this would break,
+    ``libraries.unsafe_to_iterate_here``), with ``started_from`` saying why."""
     if config.num_workers == 0 or facts.shm_free_bytes is None:
         return config, started_from
+    if libraries.unsafe_to_iterate_here(loader.dataset) is not None:
+        return config, started_from  # a batch made here would break the workers after it
     machine = facts.to_dict()
     batch = main_process_batch(loader).bytes
     found = shm_finding(config, machine, batch)
@@ -147,18 +151,25 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
 
 
 def unsplit_stream(loader: DataLoader[Any]) -> str | None:
-    """Why an IterableDataset loader must keep running without workers, or None (it already
-    uses workers, or 2 workers were seen to split its stream)."""
-    if config_of(loader).num_workers > 0:
-        return None  # yours: it already runs in workers
+    """Why an IterableDataset loader must keep its own worker count, or None (its library is
+    known to split the stream by worker, or 2 workers were seen to yield different samples,
+    by identity or by content seeded alike: never on too little to tell). With workers of
+    its own, each added worker would yield the whole stream once more."""
+    if libraries.splits_by_worker(loader.dataset) is not None:
+        return None  # known to split (and probing would use up a MosaicML epoch)
     try:
         digests = stream_digests(loader, limit=32, seconds=2.0)
     except Exception as exc:  # the check itself failed: stay safe
-        return f"an IterableDataset without workers is left without them (the check failed: {exc})"
-    if checks_dataset.stream_splits(digests):
+        return f"an IterableDataset keeps its worker count (the check failed: {exc})"
+    seen = streams.stream_verdict(digests)
+    if seen.verdict == "split":
         return None
+    why = {
+        "duplicates": f"2 workers did not yield different items (the same samples, by {seen.by})",
+        "unknown": "2 workers did not yield different items that could be told apart (too few "
+        "distinct ones)",
+    }[seen.verdict]
     return (
-        "an IterableDataset without workers is left without them: 2 workers did not yield "
-        "different items, so each worker would yield the whole stream (split it by "
-        "get_worker_info() to let autotune use workers)"
+        f"an IterableDataset keeps its worker count: {why}, so each worker may yield the whole "
+        "stream (split it by get_worker_info() to let autotune choose the workers)"
     )

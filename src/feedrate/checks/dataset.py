@@ -10,6 +10,7 @@ warning, not an error).
 
 from __future__ import annotations
 
+from feedrate.checks.streams import stream_verdict
 from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
 from feedrate.results.findings import Finding, FindingDoc
 from feedrate.units import size
@@ -21,9 +22,6 @@ MiB = 2**20
 GROWTH_FLOOR = 4 * MiB
 GROWTH_ENOUGH = 16 * MiB
 GROWTH_SHARE = 0.25
-#: Items each worker must yield for a duplicate verdict, and the share that must be shared.
-DUPLICATE_MIN_ITEMS = 4
-DUPLICATE_SHARE = 0.5
 #: Compute threads (all workers) per usable CPU from which workers oversubscribe the CPUs.
 OVERSUBSCRIBED = 2.0
 
@@ -63,43 +61,50 @@ def copy_on_read_finding(containers: list[Container], run: SampleRun | None) -> 
     )
 
 
-def stream_splits(digests: StreamDigests) -> bool:
-    """Two workers of an IterableDataset each yielded enough distinct items, mostly different
-    ones: the stream is split between workers, so running it in workers is safe."""
-    yielded = [set(items) for _, items in sorted(digests.per_worker.items()) if items]
-    if len(yielded) < 2 or min(len(a) for a in yielded[:2]) < DUPLICATE_MIN_ITEMS:
-        return False  # too little to tell
-    a, b = yielded[:2]
-    return len(a & b) / min(len(a), len(b)) < DUPLICATE_SHARE
-
-
 def duplicates_finding(digests: StreamDigests, workers: int) -> Finding | None:
-    """Two workers of an IterableDataset yielded mostly the same items (by content)."""
-    yielded = [(wid, items) for wid, items in sorted(digests.per_worker.items()) if items]
-    if len(yielded) < 2:
+    """Two workers of an IterableDataset yielded mostly the same samples (by identity, or by
+    content with their random generators seeded alike)."""
+    seen = stream_verdict(digests)
+    if seen.verdict != "duplicates":
         return None
-    (wa, a), (wb, b) = yielded[:2]
-    sa, sb = set(a), set(b)
-    fewest = min(len(sa), len(sb))
-    if fewest < DUPLICATE_MIN_ITEMS:
-        return None  # too few distinct items to tell a repeated stream from repeated values
-    shared = len(sa & sb)
-    if shared / fewest < DUPLICATE_SHARE:
-        return None
+    (wa, wb), (na, nb) = seen.workers, seen.counts
     now = workers >= 2
     effect = (
         f"with num_workers={workers} every sample arrives up to {workers} times per epoch"
         if now
         else "with 2 or more workers every sample would arrive once per worker"
     )
+    how = (
+        "the same ids, keys or labels"
+        if seen.by == "identity"
+        else "identical content, random generators seeded alike in both"
+    )
     return Finding(
         "iterable-duplicates",
         "error" if now else "warning",
-        f"worker {wa} and worker {wb} yielded the same samples: {shared} of the {fewest} "
-        f"distinct items of the first {len(a)} and {len(b)} are identical (content hash); the "
+        f"worker {wa} and worker {wb} yielded the same samples: {seen.shared} of the "
+        f"{seen.fewest} {seen.unit} of the first {na} and {nb} match ({how}); the "
         f"IterableDataset does not split its stream by get_worker_info(), so {effect}",
         "in __iter__: info = torch.utils.data.get_worker_info(); yield only the items i with "
-        "i % info.num_workers == info.id (or give each worker its own files or shards)",
+        "i % info.num_workers == info.id (or give each worker its own files or shards: "
+        "webdataset's workersplitter=wds.split_by_worker)",
+    )
+
+
+def epoch_per_worker_finding(per_worker: int | None, workers: int) -> Finding | None:
+    """A webdataset pipeline of resampled shards with ``.with_epoch(n)``: each worker yields n
+    samples an epoch, so the epoch grows with ``num_workers`` (``libraries.epoch_per_worker``)."""
+    if per_worker is None:
+        return None
+    now = f"{per_worker * max(1, workers):,} with your num_workers={workers}"
+    return Finding(
+        "epoch-per-worker",
+        "warning",
+        f"the dataset's with_epoch({per_worker:,}) counts per worker (resampled shards: every "
+        f"worker draws its own stream), so an epoch is {per_worker:,} × num_workers samples "
+        f"({now}); another worker count, such as tune's or autotune's, changes the epoch",
+        "set the epoch on the loader instead, where it counts batches whatever the workers: "
+        "wds.WebLoader(dataset, ...).with_epoch(batches_per_epoch)",
     )
 
 
@@ -236,9 +241,14 @@ DOCS = (
             "runs the same `__iter__`, so each sample arrives once per worker per epoch."
         ),
         evidence=(
-            "From `doctor` and `tune`: the `IterableDataset` run in 2 workers (at most 32 items "
-            "each), the items hashed by content; reported when each worker yielded at least 4 "
-            "distinct items and at least half of the fewer distinct items are shared by both."
+            "From `doctor` and `tune`: the `IterableDataset` run in 2 workers (at most 64 items "
+            "each), their random generators seeded alike, each item hashed by identity (its "
+            "ids, labels, keys and other non-float parts, which random augmentation leaves "
+            "alone) and by content. Distinct ids are compared as sets, labels position by "
+            "position; items without any are compared by content. Reported when each worker "
+            "yielded at least 4 items to compare and at least half of them match. `autotune` "
+            "gives an `IterableDataset` another worker count only when 2 workers were seen to "
+            "yield different samples, or its library splits streams by worker."
         ),
         fix=(
             "In `__iter__`: `info = torch.utils.data.get_worker_info()`; yield only the items `i` "
@@ -248,6 +258,25 @@ DOCS = (
             "error with `num_workers` ≥ 2 (the duplicates happen now); warning with fewer (they "
             "would with 2 or more)"
         ),
+    ),
+    FindingDoc(
+        id="epoch-per-worker",
+        title="An epoch that grows with the worker count",
+        means=(
+            "A webdataset pipeline that draws its shards at random in every worker "
+            "(`resampled=True`) and sets its epoch on the dataset with `.with_epoch(n)`: each "
+            "worker yields n samples, so one epoch is n × `num_workers` samples, and changing "
+            "the worker count (as `tune` and `autotune` do) changes the epoch."
+        ),
+        evidence=(
+            "From `doctor`: read off the dataset object (its shard list resamples and its "
+            "`with_epoch` is set); nothing is run."
+        ),
+        fix=(
+            "Set the epoch where it counts batches whatever the workers: "
+            "`wds.WebLoader(dataset, ...).with_epoch(batches_per_epoch)`."
+        ),
+        severity="warning",
     ),
     FindingDoc(
         id="shared-rng",

@@ -15,10 +15,13 @@ import click
 
 from feedrate.cli.commands import cli
 from feedrate.cli.options import OPTION_OF
+from feedrate.cli.run import run_command
 from feedrate.errors import FeedrateError, UserError
 from feedrate.measuring import interrupts
 
 __all__ = ["cli", "main"]
+
+cli.add_command(run_command)
 
 
 def in_options(exc: FeedrateError) -> str:

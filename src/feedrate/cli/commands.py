@@ -119,7 +119,7 @@ def measure(
     """Measure one configuration of TARGET's DataLoader: start-up, steady-state samples/s with
     its spread, CPU and memory of every process."""
     from feedrate.loader.config import LoaderConfig
-    from feedrate.loader.rebuild import config_of
+    from feedrate.loader.rebuild import config_of, loader_of
     from feedrate.measuring.measure import measure as run_measure
     from feedrate.render import console as render
 
@@ -127,7 +127,7 @@ def measure(
         raise UserError("--persistent-workers needs workers (-w 1 or more)")
     check_outputs(target, json=json_path)
     loader = load(target)
-    own = config_of(loader)
+    own = config_of(loader_of(loader))
     workers = own.num_workers if num_workers is None else num_workers
     config = LoaderConfig(
         num_workers=workers,

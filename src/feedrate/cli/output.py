@@ -135,9 +135,11 @@ class TuneProgress:
 
 
 def load(target: str) -> Any:
-    from feedrate.loader.target import load_target
+    """The TARGET's DataLoader, or, where NAME is a function, a factory that builds a fresh one
+    for each run (``load_source``)."""
+    from feedrate.loader.target import load_source
 
     # As `python -m` does: a package.module target is looked up from the current directory too.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return load_target(target)
+    return load_source(target)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from feedrate.loader.libraries import batches_items
 from feedrate.loader.rebuild import (
     is_iterable_style,
 )
@@ -54,10 +55,54 @@ def batch_nbytes(batch: Any) -> int:
     return 0
 
 
+def _lead(value: Any) -> tuple[int, bool] | None:
+    """(leading size, whether that size is surely a batch's) of one field of an item, or None
+    for a scalar. Surely a batch's: a tensor or array of 2 or more dimensions, or a list of
+    strings, bytes, tensors or containers (a sample's key is a string, not a list of them; a
+    list of numbers may be one sample's token ids)."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return (int(shape[0]), len(shape) >= 2) if len(shape) > 0 else None
+    if isinstance(value, list | tuple) and value:
+        head = value[0]
+        sure = isinstance(head, str | bytes | Mapping | list | tuple) or hasattr(head, "shape")
+        return len(value), sure
+    return None
+
+
+def item_samples(item: Any, batched: bool = False) -> int:
+    """Samples in one item of a loader without automatic batching (``batch_size=None``).
+
+    An item that is itself a batch (webdataset's ``.batched(16)``, Hugging Face's
+    ``.batch(16)``, a dataset that yields batches) holds as many samples as its fields' common
+    leading size, when two or more fields share it and one of them is surely a batch's (see
+    ``_lead``): ``(images[16, 3, H, W], labels[16])``, ``{"__key__": [16 keys], ...}``. Anything
+    else is one sample (``(torch.randn(8), i)``, ``{"input_ids": [128 ids], "label": 3}``).
+    ``batched``: the pipeline is known to batch its items, so a lone tensor counts by its
+    leading dimension too."""
+    if isinstance(item, Mapping):
+        fields: list[Any] = list(item.values())
+    elif isinstance(item, list | tuple):
+        fields = list(item)
+    else:
+        fields = [item]
+    leads = [lead for lead in map(_lead, fields) if lead is not None]
+    if batched and leads:
+        return leads[0][0]
+    for size in dict.fromkeys(n for n, _ in leads):
+        same = [sure for n, sure in leads if n == size]
+        if size > 1 and len(same) >= 2 and any(same):
+            return size
+    return 1
+
+
 def sample_counter(loader: DataLoader[Any]) -> Callable[[Any], int]:
-    """Without automatic batching every item is one sample; with it, count the batch."""
+    """Samples in each item the loader yields: with automatic batching, the batch counted;
+    without, ``item_samples`` (one, unless the item is itself a batch, or the dataset is a
+    pipeline known to batch its items: ``libraries.batches_items``)."""
     if loader.batch_size is None and loader.batch_sampler is None:
-        return lambda _batch: 1
+        batched = batches_items(loader.dataset)
+        return lambda item: item_samples(item, batched)
     default = loader.batch_size or 1
     return lambda batch: count_samples(batch, default)
 

@@ -6,11 +6,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader, RandomSampler
 
+from feedrate.loader import libraries
 from feedrate.loader.config import LoaderConfig
 
 
 def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
-    """A ``DataLoader(...)`` line with the loader's batching and the recommended settings."""
+    """A ``DataLoader(...)`` line with the loader's batching and the recommended settings,
+    named by the loader's own class (``StreamingDataLoader(...)`` for litdata's)."""
     parts = [f"feedrate.threaded(dataset, {config.threads})" if config.threads > 1 else "dataset"]
     custom_batches = loader.batch_size is None and loader.batch_sampler is not None
     if custom_batches:
@@ -25,4 +27,4 @@ def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
         if name == "pin_memory" and not value:
             continue
         parts.append(f"{name}={value!r}")
-    return f"DataLoader({', '.join(parts)})"
+    return f"{libraries.class_name(loader)}({', '.join(parts)})"

@@ -15,6 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from feedrate.errors import UserError
+from feedrate.loader import libraries
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.init_args import init_arguments, parameters, recording
 from feedrate.loader.threaded import Threaded, threads_of, unthreaded
@@ -123,7 +124,9 @@ def rebuild(
     with quiet_worker_count_warning():
         if type(loader) is DataLoader:
             return DataLoader(**kwargs)
-        return _rebuild_subclass(loader, kwargs, config)
+        new = _rebuild_subclass(loader, kwargs, config)
+    libraries.carry_state(loader, new)  # litdata's epoch goes on where the loader's stood
+    return new
 
 
 #: Constructor arguments that say how indices become batches: the rebuilt loader's own

@@ -26,10 +26,18 @@ from typing import Any, Literal, TypeVar
 from torch.utils.data import DataLoader, Dataset
 
 from feedrate.errors import TargetError
+from feedrate.loader import libraries
 from feedrate.loader.init_args import recording
 from feedrate.loader.rebuild import quiet_worker_count_warning
 
-__all__ = ["TargetKind", "TargetSpec", "load_step", "load_target", "parse_target"]
+__all__ = [
+    "TargetKind",
+    "TargetSpec",
+    "load_source",
+    "load_step",
+    "load_target",
+    "parse_target",
+]
 
 TargetKind = Literal["file", "module"]
 
@@ -94,6 +102,34 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
     with recording(), quiet_worker_count_warning():
         target, value = _load_object(spec)
         return _as_loader(value, target)
+
+
+def load_source(spec: str | TargetSpec) -> DataLoader[Any] | Callable[[], DataLoader[Any]]:
+    """As ``load_target``, but a NAME that is a function comes back as a zero-argument callable
+    that builds a fresh loader at each call (the first call returns the one built here, where
+    every error is raised as for ``load_target``): a run that iterates a dataset then leaves
+    nothing behind for the next (MosaicML's ``StreamingDataset`` keeps file locks)."""
+    with recording(), quiet_worker_count_warning():
+        target, value = _load_object(spec)
+        first = _as_loader(value, target)
+    if not (inspect.isfunction(value) or inspect.ismethod(value)):
+        return first
+    return _Factory(target, value, first)
+
+
+class _Factory:
+    """A TARGET's function, called for each loader (see ``load_source``)."""
+
+    def __init__(self, target: TargetSpec, fn: Callable[[], object], first: DataLoader[Any]):
+        self.target, self.fn = target, fn
+        self.first: DataLoader[Any] | None = first
+
+    def __call__(self) -> DataLoader[Any]:
+        if self.first is not None:
+            loader, self.first = self.first, None
+            return loader
+        with recording(), quiet_worker_count_warning():
+            return _as_loader(self.fn, self.target)
 
 
 def _load_object(spec: str | TargetSpec) -> tuple[TargetSpec, object]:
@@ -201,8 +237,9 @@ def _hint(name: str, namespace: Mapping[str, object]) -> str:
 
 
 def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:
-    if isinstance(value, DataLoader):
-        return value
+    found = _held_loader(value, target)
+    if found is not None:
+        return found
     if not callable(value):
         hint = ": wrap the Dataset in a DataLoader" if isinstance(value, Dataset) else ""
         raise TargetError(f"{target} is {_a(value)}, {_NOT_LOADER}{hint}")
@@ -213,10 +250,33 @@ def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:
             f" none: point the TARGET at a function without parameters that builds the loader"
         )
     result = _run_user(target, "calling it", value)
+    held = _held_loader(result, target)
+    if held is not None:
+        return held
     if not isinstance(result, DataLoader):
         hint = " (does it end with 'return loader'?)" if result is None else ""
         raise TargetError(f"{target} returned {_a(result)}, not a DataLoader{hint}")
     return result
+
+
+def _held_loader(value: object, target: TargetSpec) -> DataLoader[Any] | None:
+    """The DataLoader ``value`` is or holds: a framework's (``integrations.loader_from``: a
+    LightningDataModule, a transformers Trainer, an accelerate-prepared loader), the one
+    inside webdataset's ``WebLoader`` (tuned alone: the stages after it run in this process
+    and are kept as they are), the DataLoader itself; else None."""
+    try:
+        from feedrate.integrations import loader_from
+    except ImportError:  # the framework adapters are not there
+        held = None
+    else:
+        held = _run_user(target, "getting its DataLoader", lambda: loader_from(value))
+    if held is not None:
+        return held
+    parts = libraries.webloader_parts(value)
+    if parts is not None:
+        libraries.mark_wrapped(parts[0], type(value).__name__)
+        return parts[0]
+    return value if isinstance(value, DataLoader) else None
 
 
 def _required_parameters(fn: Callable[..., object]) -> list[str]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from feedrate.loader import libraries
 from feedrate.results.evidence import Container
 
 #: A container with at least this many items is "large": its objects are worth copying-on-read.
@@ -111,11 +112,13 @@ def generator_kind(value: Any) -> str | None:
 
 
 def generators(dataset: Any) -> list[tuple[str, str, Any]]:
-    """(path, kind, generator) for every random generator reachable from ``dataset``."""
+    """(path, kind, generator) for every random generator reachable from ``dataset``, but those
+    its library reseeds in every worker itself (``libraries.managed_generator``: Hugging
+    Face's ``IterableDataset.shuffle(seed=...)``)."""
     found = []
     for path, value in walk(dataset):
         kind = generator_kind(value)
-        if kind is not None:
+        if kind is not None and not libraries.managed_generator(dataset, path):
             found.append((path, kind, value))
     return found
 
@@ -240,3 +243,46 @@ def _feed_tensor(h: Any, t: torch.Tensor) -> None:
         h.update(flat.view(torch.uint8).numpy().tobytes())
     except Exception:  # sparse, quantized, ...: their text is still their content
         h.update(repr(t).encode(errors="replace"))
+
+
+#: An integer tensor or array up to this many elements is an id or a label (identity); a larger
+#: one is data (pixels, token ids), which augmentation may change.
+IDENTITY_ELEMENTS = 16
+
+
+def identity(obj: Any) -> str:
+    """A short hash of what names a sample rather than what it shows: its strings, bytes,
+    integers and booleans, and integer tensors of up to ``IDENTITY_ELEMENTS`` elements (ids,
+    labels, webdataset's ``__key__``), leaving out floating-point values and larger arrays,
+    which random augmentation changes. '' when the sample has no such part."""
+    h = hashlib.blake2b(digest_size=12)
+    return h.hexdigest() if _feed_identity(h, obj, 0) else ""
+
+
+def _feed_identity(h: Any, obj: Any, depth: int) -> bool:
+    """Feed the identity parts of ``obj``; whether there were any."""
+    if depth > 8 or isinstance(obj, float | complex):
+        return False
+    if isinstance(obj, str | bytes | bytearray | int | bool):
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+        return True
+    if isinstance(obj, torch.Tensor) or _is_array(obj):
+        kind = str(obj.dtype)
+        small = int(obj.numel() if isinstance(obj, torch.Tensor) else obj.size) <= IDENTITY_ELEMENTS
+        if not small or "float" in kind or "complex" in kind:
+            return False
+        _feed(h, obj, depth)
+        return True
+    if isinstance(obj, Mapping):
+        found = False
+        for key in sorted(obj, key=repr):
+            h.update(f"K{key!r}".encode())
+            found = _feed_identity(h, obj[key], depth + 1) or found
+        return found
+    if isinstance(obj, list | tuple):
+        found = False
+        for i, item in enumerate(obj):
+            h.update(f"I{i}".encode())
+            found = _feed_identity(h, item, depth + 1) or found
+        return found
+    return False

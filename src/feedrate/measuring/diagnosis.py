@@ -13,6 +13,7 @@ import traceback
 from types import TracebackType
 
 from feedrate.errors import PipelineError, WorkerKilledError
+from feedrate.measuring.inner import worker_handles
 
 #: The notes ``failures.IndexReportingDataset`` and ``IndexReportingCollate`` add to an
 #: exception (they survive the trip from a worker inside DataLoader's re-raised message).
@@ -56,7 +57,7 @@ _SIGNAL_CAUSES = {
 def _worker_deaths(iterator: object) -> list[tuple[int, int | None, int]]:
     """(worker_id, pid, exit code) of each worker that has exited abnormally."""
     out = []
-    for worker_id, proc in enumerate(getattr(iterator, "_workers", None) or []):
+    for worker_id, proc in enumerate(worker_handles(iterator)):
         code = getattr(proc, "exitcode", None)
         if code is not None and code != 0:
             out.append((worker_id, getattr(proc, "pid", None), code))

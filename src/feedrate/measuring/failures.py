@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 from feedrate.errors import PipelineTimeoutError
 from feedrate.loader.forwarding import Forwarding
 from feedrate.measuring.diagnosis import COLLATE_NOTE, NOTE, WORKER_DIED
+from feedrate.measuring.inner import real_iterator
 
 #: The indices this process fetched last: a worker (or the main process) fetches a batch, then
 #: collates it, so a collate_fn that raises was given these samples.
@@ -189,7 +190,10 @@ class Watchdog:
 
 def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
     """End ``iterator``'s worker processes now: terminate, then kill what is left after
-    ``grace_s``, then let DataLoader release its queues and threads."""
+    ``grace_s``, then let DataLoader release its queues and threads. ``iterator`` may be
+    what a DataLoader subclass's generator ``__iter__`` returned: its DataLoader iterator is
+    found inside (``inner.real_iterator``)."""
+    iterator = real_iterator(iterator)
     workers = list(getattr(iterator, "_workers", None) or [])
     if not workers:
         return
@@ -217,10 +221,26 @@ def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
         _quietly(shutdown)
 
 
+def shut_down(iterator: object, loader: object = None) -> None:
+    """Shut ``iterator``'s workers down now, gracefully (the DataLoader iterator inside a
+    generator ``__iter__`` too, whose generator is closed), and those of ``loader``'s
+    persistent iterator, rather than whenever the garbage collector gets to them."""
+    real = real_iterator(iterator)
+    shutdown = getattr(real, "_shutdown_workers", None)
+    if shutdown is not None:
+        _quietly(shutdown)
+    if real is not iterator and hasattr(iterator, "gi_frame"):
+        _quietly(iterator.close)  # type: ignore[attr-defined]
+    persistent = getattr(loader, "_iterator", None)
+    if persistent is not None and persistent is not real:
+        stop_workers(persistent)
+
+
 def quiesce(iterator: object, watchdog: Watchdog) -> None:
     """After a failure: stop the watchdog, and stop DataLoader's SIGCHLD handler from raising
     about workers already known dead while we clean up. The handler may fire between the two, so
     its report (which ``explain`` already covers) is swallowed and the step retried."""
+    iterator = real_iterator(iterator)
     for _ in range(3):
         try:
             watchdog.disarm()

@@ -28,7 +28,7 @@ from feedrate.loader.rebuild import (
 )
 from feedrate.loader.threaded import unthreaded
 from feedrate.machine.facts import MachineFacts, collect
-from feedrate.measuring import interrupts, windows
+from feedrate.measuring import interrupts, rates, windows
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import DeviceStep, parse_device
 from feedrate.measuring.diagnosis import explain
@@ -37,6 +37,7 @@ from feedrate.measuring.failures import (
     IndexReportingDataset,
     Watchdog,
     quiesce,
+    shut_down,
     stop_workers,
 )
 from feedrate.measuring.processes import ProcessProbe
@@ -110,7 +111,7 @@ def measure(
             timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume)
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
-    rate = windows.summarize(timeline.windows)
+    rate = rates.summarize(timeline.windows)
     return Measurement(
         config=config,
         samples_per_s=rate.samples_per_s,
@@ -126,7 +127,7 @@ def measure(
         notes=_notes(config, facts, timeline, report, plan),
         feedrate_version=feedrate.__version__,
         batch_bytes=nbytes,
-        stall_fraction=None if consume is None else windows.stall_fraction(timeline.windows),
+        stall_fraction=None if consume is None else rates.stall_fraction(timeline.windows),
         consumer=None if consumer is None else consumer.to_dict(),
         transfer=None if on_device is None else on_device.figures(),
     )
@@ -156,6 +157,7 @@ def _plan(
         seconds=None if batches is not None else (seconds or windows.DEFAULT_SECONDS),
         warmup_batches=warmup_batches(config),
         wall_s=wall_s,
+        round_batches=max(1, config.normalized().num_workers),
     )
 
 
@@ -205,6 +207,7 @@ def _run(
                 hooks=hooks,
                 epoch_length=epoch_length(loader),
                 consume=consumer,
+                length_hint=length_hint(loader),
             )
         except windows.EmptyLoaderError as exc:
             raise PipelineError(why_empty(loader)) from exc
@@ -219,6 +222,18 @@ def _run(
             dog.disarm()
             _close(loader, current["it"])
         return timeline, probe.report(), current["nbytes"]
+
+
+def length_hint(loader: DataLoader[Any]) -> int | None:
+    """Batches an epoch of an IterableDataset says it has (its ``__len__``, a hint it may not
+    keep), without asking the loader (``len(loader)`` arms DataLoader's warning about it)."""
+    if not is_iterable_style(loader) or not loader.batch_size:
+        return None
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return -(-n // loader.batch_size) if n > 0 else None
 
 
 def why_empty(loader: DataLoader[Any]) -> str:
@@ -255,13 +270,9 @@ def iter_once(obj: object) -> bool:
 
 
 def _close(loader: DataLoader[Any], it: object) -> None:
-    """Shut the workers down now rather than whenever the garbage collector gets to them."""
-    shutdown = getattr(it, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
-    persistent = getattr(loader, "_iterator", None)
-    if persistent is not None and persistent is not it:
-        stop_workers(persistent)
+    """Shut the workers down now rather than whenever the garbage collector gets to them (the
+    iterator inside a generator ``__iter__`` and the persistent one too)."""
+    shut_down(it, loader)
 
 
 def _summary(t: windows.Timeline) -> WindowSummary:

@@ -18,6 +18,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style, rebuild
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.failures import IndexReportingDataset
+from feedrate.measuring.inner import worker_handles
 from feedrate.measuring.workers import WORKERS, Workers
 from feedrate.results.evidence import SampleRun, WorkerMemory
 
@@ -39,23 +40,30 @@ class _MemoryLog:
     """Worker memory read at most every ``MEMORY_INTERVAL_S``: the first reading and the last."""
 
     def __init__(self, it: Any, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.procs = []
-        for proc in getattr(it, "_workers", None) or []:
+        self.clock, self.it = clock, it
+        self.procs: list[psutil.Process] = []
+        self.early: list[tuple[int, int] | None] | None = None
+        self.late: list[tuple[int, int] | None] = []
+        self.threads: list[int] = []
+        self.t_early = self.t_late = 0.0
+        self.due = 0.0
+
+    def _find(self) -> None:
+        """The workers, found at the first reading: a generator ``__iter__`` starts them at
+        its first ``next()``."""
+        for proc in worker_handles(self.it):
             try:
                 self.procs.append(psutil.Process(proc.pid))
             except psutil.Error:
                 continue
-        self.early: list[tuple[int, int] | None] | None = None
-        self.late: list[tuple[int, int] | None] = []
         self.threads = [0] * len(self.procs)
-        self.t_early = self.t_late = 0.0
-        self.due = 0.0
 
     def read(self, force: bool = False) -> None:
         now = self.clock()
         if not force and now < self.due:
             return
+        if self.early is None:
+            self._find()
         self.due = now + MEMORY_INTERVAL_S
         reading = _memory(self.procs)
         for i, r in enumerate(reading):

@@ -13,9 +13,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import psutil
 
+from feedrate.measuring import inner
 from feedrate.results.processes import ProbeReport, ProcessFigures
 
 
@@ -101,7 +103,7 @@ class ProcessProbe:
         self._memory_interval = memory_interval_s
         self._in_window = False
         self._memory_due = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._shm_base = shm_used_bytes(shm_path)
         self._shm_peak = self._shm_base
         self._stop = threading.Event()
@@ -109,6 +111,8 @@ class ProcessProbe:
         self._probe_tid: int | None = None
         self._pin_tid: int | None = None
         self._workers: dict[int, tuple[psutil.Process, ProcessFigures]] = {}
+        self._attached: object = None  # the iterator last attached (looked into again later)
+        self._children_before: set[int] | None = None
         self._start: dict[str, float] = {}
         self._report = ProbeReport()
         self._system_busy_s = 0.0
@@ -130,6 +134,10 @@ class ProcessProbe:
             used = shm_used_bytes(self._shm_path) if self._workers else None
             if used is not None and (self._shm_peak is None or used > self._shm_peak):
                 self._shm_peak = used
+            if self._in_window and self._attached is not None:
+                # Workers a generator __iter__ starts at its first next() (and, epoch by
+                # epoch, anew) are seen while they run, not only at window boundaries.
+                self._learn(self._attached)
             now = time.monotonic()
             if self._in_window and now >= self._memory_due:
                 self._read_memory()
@@ -146,8 +154,33 @@ class ProcessProbe:
 
     def attach(self, iterator: object) -> None:
         """Learn the worker processes and the pin-memory thread of a DataLoader iterator (called
-        again for every epoch: non-persistent workers are new processes each time)."""
-        workers = getattr(iterator, "_workers", None) or []
+        again for every epoch: non-persistent workers are new processes each time). What
+        ``iter()`` returned may hide them (a generator ``__iter__``, whose workers start at its
+        first ``next()``): they are looked for again when a window opens, in the iterator it
+        holds, else among the child processes started since the first ``attach``."""
+        if self._children_before is None:
+            self._children_before = inner.children()
+        self._attached = iterator
+        self._learn(iterator)
+
+    def _learn(self, iterator: object) -> None:
+        with self._lock:  # the poller learns too
+            self._learn_locked(iterator)
+
+    def _learn_locked(self, iterator: object) -> None:
+        real = inner.real_iterator(iterator)
+        workers: list[Any] = list(getattr(real, "_workers", None) or [])
+        opaque = real is iterator and not inner.is_generator(iterator)
+        if (
+            not workers
+            and iterator is not None
+            and opaque
+            and not hasattr(real, "_dataset_fetcher")
+        ):
+            # An iterator of another kind that holds its workers where feedrate cannot see:
+            # the processes this one started since the first attach (a generator's are
+            # found inside it, from its first next() on).
+            workers = inner.new_children(self._children_before or ())
         for worker_id, proc in enumerate(workers):
             pid = getattr(proc, "pid", None)
             known = self._workers.get(worker_id)
@@ -161,9 +194,12 @@ class ProcessProbe:
             fig.pid = pid
             with self._lock:
                 self._workers[worker_id] = (handle, fig)
+            if self._in_window:  # started since the window opened: all its CPU time is in it
+                self._start.setdefault(f"w{worker_id}:{pid}", 0.0)
+                self._start.setdefault(f"q{worker_id}:{pid}", 0.0)
         if any(fig.uss_bytes is None for _, fig in self._workers.values()):
             self._memory_due = 0.0  # a worker never read yet: read at the next poll
-        pin = getattr(iterator, "_pin_memory_thread", None)
+        pin = getattr(real, "_pin_memory_thread", None)
         if pin is not None:
             self._pin_tid = getattr(pin, "native_id", None)
             if self._report.pin_memory_thread is None:
@@ -183,12 +219,18 @@ class ProcessProbe:
         return out
 
     def window_open(self, wall: float) -> None:
-        self._start = self._counters(wall)
-        self._in_window = True
+        if self._attached is not None:
+            self._learn(self._attached)
+        with self._lock:
+            self._start = self._counters(wall)
+            self._in_window = True
 
     def window_close(self, wall: float) -> None:
-        self._in_window = False
-        end = self._counters(wall)
+        if self._attached is not None:
+            self._learn(self._attached)  # workers a generator started during the window
+        with self._lock:
+            self._in_window = False
+            end = self._counters(wall)
         start, rep = self._start, self._report
         span = max(0.0, wall - start.get("wall", wall))
 

@@ -9,7 +9,11 @@ How a run goes:
   one batch from every worker *and* the queue the workers filled meanwhile
   (``num_workers × prefetch_factor``), so prefetched work is not credited to the window;
 * the remaining batches are counted in ``windows`` consecutive windows, each closed after its share
-  of the batch or time budget; the spread across windows is the noise estimate;
+  of the batch or time budget; the spread across windows is the noise estimate. Workers started
+  together deliver in rounds (one batch each, then a gap as long as a batch takes one worker),
+  so a window closed by time ends on a whole round (``round_batches``, the worker count), and a
+  window cut short keeps only its whole rounds: a window that caught a burst but not the gap
+  after it (or the reverse) would be off by up to one batch time, however many workers run;
 * an epoch that ends early closes the open window as partial and a new epoch begins; when epochs
   are too short for windows (no batch past warm-up, or, when the epoch length is known, fewer than
   ``WHOLE_EPOCH_FACTOR`` warm-ups), the first epoch is warm-up and later epochs are timed whole,
@@ -23,7 +27,6 @@ How a run goes:
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -65,10 +68,14 @@ class WindowPlan:
     warmup_batches: int = 1
     max_epochs: int = 1000
     wall_s: float | None = None
+    #: Batches in one round of deliveries (one from every worker; 1 without workers).
+    round_batches: int = 1
 
     def __post_init__(self) -> None:
         if self.windows < 1:
             raise ValueError("windows must be 1 or more")
+        if self.round_batches < 1:
+            raise ValueError("round_batches must be 1 or more")
         if self.batches is None and self.seconds is None:
             object.__setattr__(self, "seconds", DEFAULT_SECONDS)
         if self.warmup_batches < 1:
@@ -112,6 +119,15 @@ class Window:
     samples: int = 0
     full: bool = False
     wait_s: float = 0.0
+    #: (seconds, batches, samples, wait_s) when the window last ended a whole round.
+    aligned: tuple[float, int, int, float] | None = None
+
+    def cut_to_rounds(self) -> bool:
+        """Drop the batches after the last whole round; False when it has none."""
+        if self.aligned is None:
+            return False
+        self.seconds, self.batches, self.samples, self.wait_s = self.aligned
+        return True
 
     @property
     def samples_per_s(self) -> float:
@@ -152,6 +168,7 @@ def run(
     hooks: Hooks | None = None,
     epoch_length: int | None = None,
     consume: Callable[[Any, int], object] | None = None,
+    length_hint: int | None = None,
 ) -> Timeline:
     """Measure ``make_iter()``'s batches according to ``plan``. Raises ``EmptyLoaderError`` if an
     epoch yields nothing; exceptions from the iterator propagate unchanged.
@@ -162,8 +179,11 @@ def run(
 
     With ``consume`` (called as ``consume(batch, samples)`` after each batch, like a training
     step), each window also records ``wait_s``: the time spent waiting for batches, the data
-    stall."""
+    stall. ``length_hint`` (an IterableDataset's ``__len__`` in batches, which it may not keep)
+    only decides, until an epoch has ended, whether epochs are too short for windows.
+    """
     runner = _Runner(plan, count_samples, clock, hooks or Hooks(), epoch_length, consume)
+    runner.length_hint = length_hint
     timeline = runner.timeline
     while not runner.done() and timeline.epochs < plan.max_epochs and not runner.out_of_time():
         runner.epoch(make_iter)
@@ -194,6 +214,7 @@ class _Runner:
         self._t0: float | None = None  # the first iter() call
         self._deadline: float | None = None  # on the clock, once the start-up is known
         self._lead_s: float | None = None  # the last epoch's time from iter() to counting
+        self.length_hint: int | None = None  # batches an epoch says it has (not kept to)
 
     def done(self) -> bool:
         """Enough full windows; or, when epochs cut windows short (and always when whole epochs
@@ -229,6 +250,7 @@ class _Runner:
         """Epochs known (or, for an IterableDataset, seen) to be too short for windows: most of
         each would be warm-up."""
         n = self.epoch_length if self.epoch_length is not None else self._seen_length
+        n = self.length_hint if n is None else n
         return n is not None and n < WHOLE_EPOCH_FACTOR * self.plan.warmup_batches
 
     def epoch_too_short(self) -> bool:
@@ -289,9 +311,20 @@ class _Runner:
         # An epoch timed whole is short, and part of it would carry a whole restart: it ends.
         if whole or self._deadline is None or now <= self._deadline or not self.measured():
             return False
+        if not self._may_stop(now):
+            return False  # a first window short of one whole round: finish the round
         self.timeline.stopped_by_deadline = True
         self._close(now, full=False)
         return True
+
+    def _may_stop(self, now: float) -> bool:
+        """At the deadline: the run may end unless its only window has not yet seen a whole
+        round (it would have no rate worth the name), up to twice the deadline's time."""
+        win, rnd = self.open, self.plan.round_batches
+        if win is None or self.timeline.windows or win.aligned is not None or rnd == 1:
+            return True
+        late = 2 * (self._deadline or 0.0) - (self._t0 or 0.0)
+        return win.batches % rnd == 0 or now > late
 
     def _record_first(self, seconds: float) -> None:
         if self.timeline.epochs == 0:
@@ -324,6 +357,8 @@ class _Runner:
         win.samples += samples
         win.wait_s += waited
         win.seconds = now - win.start
+        if win.batches % self.plan.round_batches == 0:
+            win.aligned = (win.seconds, win.batches, win.samples, win.wait_s)
         if close_when_full and self._full(win):
             self._close(now, full=True)
             if not self.done():
@@ -337,7 +372,10 @@ class _Runner:
             return True
         by_time = self.plan.seconds_per_window
         return (
-            by_time is not None and win.seconds >= by_time and win.batches >= MIN_BATCHES_PER_WINDOW
+            by_time is not None
+            and win.seconds >= by_time
+            and win.batches >= MIN_BATCHES_PER_WINDOW
+            and win.batches % self.plan.round_batches == 0
         )
 
     def _close(self, now: float, *, full: bool) -> None:
@@ -348,50 +386,11 @@ class _Runner:
         self.hooks.window_close()
         win.seconds = now - win.start
         win.full = full
+        mid_round = win.batches % self.plan.round_batches != 0
+        # Cut short mid-round (an epoch's end, the deadline): keep its whole rounds; with none,
+        # keep it only as the run's one figure.
+        cut = not full and mid_round and self.timeline.method == "windows"
+        if cut and not win.cut_to_rounds() and self.timeline.windows:
+            return
         if win.batches > 0 and win.seconds > 0:
             self.timeline.windows.append(win)
-
-
-@dataclass(frozen=True)
-class Rate:
-    """Steady-state rate over the windows, with its spread (samples/s)."""
-
-    samples_per_s: float
-    batches_per_s: float
-    windows: list[float]
-    median: float
-    min: float
-    max: float
-    stdev: float
-
-    @property
-    def rel_spread(self) -> float:
-        """(max - min) / median: how far apart the windows were, as a fraction."""
-        return (self.max - self.min) / self.median if self.median > 0 else 0.0
-
-
-def stall_fraction(windows: list[Window]) -> float:
-    """Share of the windows' time spent waiting for batches (0 = never, 1 = always)."""
-    seconds = sum(w.seconds for w in windows)
-    return sum(w.wait_s for w in windows) / seconds if seconds > 0 else 0.0
-
-
-def summarize(windows: list[Window]) -> Rate:
-    """Aggregate rate (total samples / total seconds) and the per-window spread. Partial windows
-    count in the aggregate; the spread uses full windows only when there are any."""
-    seconds = sum(w.seconds for w in windows)
-    samples = sum(w.samples for w in windows)
-    batches = sum(w.batches for w in windows)
-    spread_from = [w for w in windows if w.full] or windows
-    rates = [w.samples_per_s for w in spread_from]
-    if not rates or seconds <= 0:
-        return Rate(0.0, 0.0, [], 0.0, 0.0, 0.0, 0.0)
-    return Rate(
-        samples_per_s=samples / seconds,
-        batches_per_s=batches / seconds,
-        windows=rates,
-        median=statistics.median(rates),
-        min=min(rates),
-        max=max(rates),
-        stdev=statistics.stdev(rates) if len(rates) > 1 else 0.0,
-    )

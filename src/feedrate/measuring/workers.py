@@ -5,6 +5,7 @@ environment, random generators, start-up time) and what each yields from an Iter
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,10 +19,11 @@ from feedrate.errors import PipelineError, PipelineTimeoutError
 from feedrate.loader.forwarding import Forwarding
 from feedrate.loader.rebuild import is_iterable_style, quiet_worker_count_warning
 from feedrate.machine.facts import THREAD_ENV_VARS
-from feedrate.measuring.dataset_objects import digest, draw, generators
+from feedrate.measuring.dataset_objects import digest, draw, generators, identity
 from feedrate.measuring.diagnosis import explain
-from feedrate.measuring.failures import Watchdog, quiesce, stop_workers
-from feedrate.results.evidence import StreamDigests, WorkerView
+from feedrate.measuring.failures import Watchdog, quiesce, shut_down, stop_workers
+from feedrate.results.evidence import WorkerView
+from feedrate.results.streams import StreamSamples
 
 #: Workers the experiments use: the fewest that show what differs between workers.
 WORKERS = 2
@@ -76,16 +78,31 @@ class _Inspect(Forwarding, Dataset[WorkerView]):
         return _look(self._feedrate_inner)
 
 
-class _Tagged(Forwarding, IterableDataset[tuple[int, str]]):
-    """Iterates the user's IterableDataset in a worker; yields (worker id, item digest)."""
+#: The seed every probe worker gives torch's, numpy's and Python's global generators: the same
+#: in all of them, so a stream that is not split makes the same "random" augmentations in each.
+PROBE_SEED = 1234
 
-    def __iter__(self) -> Iterator[tuple[int, str]]:
+
+def _seed_alike() -> None:
+    random.seed(PROBE_SEED)
+    torch.manual_seed(PROBE_SEED)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(PROBE_SEED)
+
+
+class _Tagged(Forwarding, IterableDataset[tuple[int, str, str]]):
+    """Iterates the user's IterableDataset in a worker, the global generators seeded alike in
+    every worker; yields (worker id, item identity, item digest)."""
+
+    def __iter__(self) -> Iterator[tuple[int, str, str]]:
         info = get_worker_info()
         worker_id = -1 if info is None else info.id
+        _seed_alike()
         for n, item in enumerate(self._feedrate_inner):
             if n >= self._feedrate_limit:
                 return
-            yield worker_id, digest(item)
+            yield worker_id, identity(item), digest(item)
 
 
 class Workers:
@@ -103,9 +120,7 @@ class Workers:
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
-            shutdown = getattr(self.it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            shut_down(self.it)
             return
         quiesce(self.it, Watchdog(None, str))
         if isinstance(exc, RuntimeError) and "timed out after" in str(exc):
@@ -156,21 +171,25 @@ def stream_digests(
     seconds: float = 3.0,
     timeout_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
-) -> StreamDigests:
+) -> StreamSamples:
     """Iterate the loader's IterableDataset in 2 workers, at most ``limit`` items per worker and
     about ``seconds`` from the first item (worker start-up is not counted: under spawn it alone
-    can take seconds), and hash every item in its worker."""
+    can take seconds), the global random generators seeded alike in both, and hash every
+    item's identity and content in its worker."""
     if not is_iterable_style(loader):
         raise ValueError("stream_digests needs an IterableDataset")
     tagged = _Tagged(loader.dataset, _feedrate_limit=limit)
     per_worker: dict[int, list[str]] = {i: [] for i in range(WORKERS)}
+    identities: dict[int, list[str]] = {i: [] for i in range(WORKERS)}
     began: float | None = None
     complete = True
     with Workers(_loader_like(loader, tagged, timeout_s), timeout_s) as it:
-        for worker_id, item_digest in it:
+        for worker_id, item_identity, item_digest in it:
             began = clock() if began is None else began
             per_worker.setdefault(worker_id, []).append(item_digest)
+            identities.setdefault(worker_id, []).append(item_identity)
             if clock() - began > seconds:
                 complete = False
                 break
-    return StreamDigests(per_worker, 0.0 if began is None else clock() - began, complete)
+    seconds_taken = 0.0 if began is None else clock() - began
+    return StreamSamples(per_worker, seconds_taken, complete, identities)

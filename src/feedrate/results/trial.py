@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from feedrate.loader.config import LoaderConfig
@@ -77,6 +77,14 @@ class Trial:
         self.spread = self.spread.merged(again.spread)
         self.samples_per_s = (self.samples_per_s + again.samples_per_s) / 2
         self.repeats += 1
+
+    def take(self, again: Trial) -> None:
+        """Replace this trial's figures with a repeat's (the first measurement is not worth
+        pooling: other processes took the CPUs), keeping its reason and counting the repeat."""
+        repeats, reason = self.repeats, self.reason
+        for f in fields(self):
+            setattr(self, f.name, getattr(again, f.name))
+        self.repeats, self.reason = repeats + 1, reason
 
     @property
     def measured(self) -> bool:

@@ -97,10 +97,12 @@ def reason(
     if not loaded:
         return why
     busy = max(others_busy(t) or 0.0 for t in loaded)
-    names = " and ".join(dict.fromkeys(t.config.label() for t in loaded))
+    labels = list(dict.fromkeys(t.config.label() for t in loaded))
+    names = " and ".join(labels) if len(labels) <= 3 else f"{len(labels)} of the trials"
+    verb = "was" if len(labels) == 1 else "were"
     return (
         f"{why} Other processes kept {busy:.1f} of the {space.cpus} CPUs busy while {names} "
-        "was measured: on a quiet machine the answer may differ."
+        f"{verb} measured: on a quiet machine the answer may differ."
     )
 
 
@@ -151,6 +153,14 @@ def _reason(
             "(see the trials-failed finding), so this is no verdict on workers."
         )
     if kind == "no-workers":
+        faster = max((x for x in with_workers if x.measured), key=lambda x: x.median, default=None)
+        if faster is not None and faster.median > best.median:
+            return (
+                f"No workers is the cheapest within the noise of the fastest: "
+                f"{faster.config.label()} measured {faster.median / best.median - 1:.0%} higher, "
+                "inside the spread of the trials, so its worker processes and their memory buy "
+                "nothing certain on this machine."
+            )
         return (
             "No workers measured fastest: handing samples to worker processes cost more in "
             "inter-process copies and start-up than it saved on this machine."

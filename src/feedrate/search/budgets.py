@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from feedrate.machine.facts import MachineFacts
 
 #: Past this many workers, ask for max_workers: start-up and shutdown get slow.
-DEFAULT_MAX_WORKERS = 128
+DEFAULT_MAX_WORKERS = 512
 #: Share of available memory and of free /dev/shm a search may plan to use.
 MEMORY_SHARE = 0.5
 SHM_SHARE = 0.5

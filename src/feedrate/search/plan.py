@@ -15,6 +15,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.trial import Trial
 from feedrate.search.space import Proposal, Space, predict_over_budget
+from feedrate.search.steps import threads_report
 
 #: What the search does next (see ``next_trial``).
 Action = Literal["try", "check_threads", "report_only", "budget_spent", "done"]
@@ -39,6 +40,12 @@ def without_threads(space: Space) -> Space:
 def after_thread_check(space: Space, check: ThreadCheck) -> Space:
     """The space the search goes on in after the thread-safety check ``check``."""
     return space if check.ok else without_threads(space)
+
+
+def report_due(space: Space, trials: list[Trial]) -> bool:
+    """The search will end with a threaded trial for the report only (threads are not allowed,
+    workers were seen mostly waiting): its time is kept out of the budget the search spends."""
+    return threads_report(space, trials) is not None
 
 
 def next_trial(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from feedrate.results.trial import Trial
-from feedrate.search.space import Proposal, Space, beats, covers, eligible
+from feedrate.search.space import Proposal, Space, beats, covers, eligible, outpaced
 from feedrate.search.steps import CONSUMER_STEPS, FASTEST_STEPS, ONLINE_STEPS
 
 
@@ -44,8 +44,9 @@ def propose_online(space: Space, trials: list[Trial]) -> Proposal | None:
 def choose(space: Space, trials: list[Trial]) -> Trial | None:
     """The recommendation: with a consumer the fewest workers (then least memory) that keep it
     fed; without one, or when none keeps it fed, the cheapest within the noise of the fastest
-    (with a consumer its rate is what it delivered to the consumer, so the fastest stalls least
-    and a stall a few points lower is no reason to pay for more workers)."""
+    and not ``outpaced`` by it once both were measured side by side enough times (with a
+    consumer its rate is what it delivered to the consumer, so the fastest stalls least and a
+    stall a few points lower is no reason to pay for more workers)."""
     measured = eligible(space, trials)
     if not measured:
         return None
@@ -62,7 +63,7 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
                 ),
             )
     top = max(measured, key=lambda t: t.median)
-    equal = [t for t in measured if not beats(top, t)]
+    equal = [t for t in measured if not beats(top, t) and not outpaced(top, t)]
     return min(
         equal,
         key=lambda t: (

@@ -79,6 +79,19 @@ def beats(b: Trial, a: Trial) -> bool:
     return b.median > a.median * (1 + noise(a, b))
 
 
+#: Measured this many times, interleaved with the leader, a trial the leader outpaces by more
+#: than ``NOISE_FLOOR`` is taken as slower, even where its windows' spread is wider: short
+#: trials on a busy machine cannot resolve a 5-10% gain, repeated side by side they can.
+RESOLVED_REPEATS = 3
+
+
+def outpaced(top: Trial, t: Trial) -> bool:
+    """``top`` and ``t`` were both measured ``RESOLVED_REPEATS`` times and ``top`` is faster by
+    more than ``NOISE_FLOOR``."""
+    resolved = min(top.repeats, t.repeats) >= RESOLVED_REPEATS
+    return resolved and top.median > t.median * (1 + NOISE_FLOOR)
+
+
 def covers(t: Trial) -> bool:
     return t.measured and t.stall_fraction is not None and t.stall_fraction <= STALL_MARGIN
 

@@ -24,6 +24,7 @@ import math
 from dataclasses import replace
 
 from feedrate.results.trial import Trial
+from feedrate.search import scaling
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.space import (
     AIM_MARGIN,
@@ -54,45 +55,46 @@ def _anchor_cpus(space: Space, trials: list[Trial]) -> Proposal | None:
 
 
 def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Go past the largest count tried while it is the fastest, its last step up gained more
-    than the noise, and its workers mostly wait."""
+    """Go past the largest count tried while it is the fastest. Latency-bound (its workers
+    mostly wait) and gaining more than the noise on its last step: to the count the scaling
+    predicts (``scaling.step_up``). CPU-bound: one more worker than CPUs, then twice and three
+    times the CPUs while the top stays fastest (gaps in the workers' I/O, and a deeper pool
+    against uneven samples, can pay past the core count by less than short trials resolve)."""
     main = series(space, trials)
     top = max(main, key=lambda t: t.config.num_workers, default=None)
     if top is None or top.config.num_workers == 0 or fastest(main) is not top:
         return None
     w = top.config.num_workers
-    lower = [t for t in main if 0 < t.config.num_workers < w]
-    if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
-        return None
     if threads_win(space, top, trials):
         return None  # a few threaded workers beat it: more processes would only cost memory
     kind = bottleneck(top, space.cpus)
+    if kind == "cpu" and w >= space.cpus:
+        ladder = [c for c in (space.cpus + 1, 2 * space.cpus, 3 * space.cpus) if c > w]
+        if not ladder:
+            return None
+        why = (
+            "one more worker than CPUs, to fill I/O gaps"
+            if ladder[0] == space.cpus + 1
+            else f"{w} workers still measured fastest: {ladder[0]} may fill more gaps"
+        )
+        return with_workers(space.baseline, ladder[0]), why
+    lower = [t for t in main if 0 < t.config.num_workers < w]
+    if lower and not beats(top, max(lower, key=lambda t: t.config.num_workers)):
+        return None
     if kind == "latency":
-        step = _step_up(space, top, max(lower, key=lambda t: t.config.num_workers, default=None))
+        step = scaling.step_up(space, trials, top)
+        if step is None:
+            return None
+        n, how = step
         why = (
             f"workers at {w} mostly wait ({top.worker_cpu_mean:.0%} CPU each, "
-            f"{top.worker_demand_mean - top.worker_cpu_mean:.0%} queued for one): "
-            f"{'four times' if step == 4 else 'twice'} the workers overlap more waits"
+            f"{top.worker_demand_mean - top.worker_cpu_mean:.0%} queued for one): {how}"
         )
-        return with_workers(space.baseline, min(step * w, space.max_workers)), why
-    if kind == "cpu" and w == space.cpus:
-        return with_workers(space.baseline, w + 1), "one more worker than CPUs, to fill I/O gaps"
+        return with_workers(space.baseline, n), why
     if kind == "unknown":
         why = f"workers at {w} neither saturate the CPUs nor mostly wait: try more"
         return with_workers(space.baseline, min(2 * w, space.max_workers)), why
     return None
-
-
-def _step_up(space: Space, top: Trial, prev: Trial | None) -> int:
-    """Quadruple the workers while the last step scaled nearly linearly and the CPU time
-    projected at four times the workers still fits the machine; else double."""
-    projected = 4 * (top.main_cpu + top.workers_cpu)
-    if prev is None:
-        linear = projected <= 0.5 * space.cpus
-    else:
-        gained = top.median / prev.median if prev.median > 0 else 0.0
-        linear = gained >= 0.8 * top.config.num_workers / prev.config.num_workers
-    return 4 if linear and projected <= 0.85 * space.cpus else 2
 
 
 def _one_worker(space: Space, trials: list[Trial]) -> Proposal | None:
@@ -117,21 +119,29 @@ def _cpu_neighbour(space: Space, trials: list[Trial]) -> Proposal | None:
 
 
 def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Bisect between the best count and a tried neighbour more than 25% away: the next higher
-    one, and the next lower one unless the best scaled linearly from it (then the peak is not
-    below)."""
+    """Bisect where a better or cheaper answer may lie, down to counts 25% apart: between the
+    best count and the next higher one tried (the peak may lie between), and between the
+    fewest workers within the noise of the best and the next lower count, unless the step up
+    from that one scaled linearly (then nothing between is as fast)."""
     main = series(space, trials)
     best = fastest(main)
     if best is None or best.config.num_workers == 0 or threads_win(space, best, trials):
         return None
     b = best.config.num_workers
     by_count = {t.config.num_workers: t for t in main}
+    low = min(c for c in by_count if c > 0 and not beats(best, by_count[c]))
     higher = [c for c in sorted(by_count) if c > b]
-    lower = [c for c in sorted(by_count) if 0 < c < b and _peak_may_be_below(best, by_count[c])]
-    for other in ([higher[0]] if higher else []) + ([lower[-1]] if lower else []):
-        if abs(other - b) > max(1, b // 4):
-            mid = (b + other) // 2
-            return with_workers(space.baseline, mid), f"between the best so far ({b}) and {other}"
+    lower = [
+        c
+        for c in sorted(by_count)
+        if 0 < c < low and _peak_may_be_below(by_count[low], by_count[c])
+    ]
+    pairs = ([(b, higher[0])] if higher else []) + ([(low, lower[-1])] if lower else [])
+    for near, other in pairs:
+        if abs(other - near) > max(1, near // 4):
+            mid = (near + other) // 2
+            what = "the best so far" if near == b else "the fewest workers as fast as the best"
+            return with_workers(space.baseline, mid), f"between {what} ({near}) and {other}"
     return None
 
 
@@ -187,7 +197,7 @@ def _threads(space: Space, trials: list[Trial]) -> Proposal | None:
     return with_workers(space.baseline, 2 * w, threads=t_max), why
 
 
-def _threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
+def threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
     """Without leave, once the processes are searched: one threaded trial with twice the
     requests in flight of the best worker count, so the report can say what threads would
     give, measured (it is never recommended)."""
@@ -200,7 +210,7 @@ def _threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
     t_max, b = space.max_threads, best.config.num_workers
     w = min(b, max(1, math.ceil(2 * b / t_max)))
     why = (
-        f"for the report: {w} workers on {t_max} threads each keep {w * t_max / b:g}× the "
+        f"for the report: {w} workers on {t_max} threads each keep {w * t_max / b:.3g}× the "
         f"requests in flight of {b} worker processes (threads are recommended only with "
         "--threads)"
     )
@@ -236,7 +246,7 @@ FASTEST_STEPS = (
     _refine,
     _prefetch,
     _reorder,
-    _threads_report,
+    threads_report,
 )
 
 
@@ -299,7 +309,7 @@ def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
     ), f"fewer workers ({mid}) that may still keep the consumer fed"
 
 
-CONSUMER_STEPS = (_anchor_none, _threads, _double, _bisect, _threads_report)
+CONSUMER_STEPS = (_anchor_none, _threads, _double, _bisect, threads_report)
 
 
 def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
@@ -328,9 +338,10 @@ def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
     """Online, once more workers stopped helping and none feeds the loop: no workers at all
     (cheap samples are fastest without inter-process copies). Not when the workers mostly
     waited and more of them did help (latency-bound: without them the loop would wait on every
-    read), nor when busy workers made small batches (the work itself is the cost); idle workers
-    that more of them did not speed up, or busy ones making big batches, point at the copies
-    between processes instead."""
+    read), nor when busy workers made small batches (the work itself is the cost) while the
+    main process stayed mostly idle; idle workers that more of them did not speed up, busy ones
+    making big batches, or a main process busy ``MAIN_HANDOFF`` of a core receiving batches
+    point at the copies between processes instead."""
     main = series(space, trials)
     if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
         return None
@@ -339,11 +350,18 @@ def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
         return None
     kind = bottleneck(best, space.cpus)
     fewest = min(main, key=lambda t: t.config.num_workers)
-    if kind == "latency" and best is not fewest and beats(best, fewest):
+    handoff = best.main_cpu >= MAIN_HANDOFF
+    if kind == "latency" and best is not fewest and beats(best, fewest) and not handoff:
         return None
-    if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH:
+    if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH and not handoff:
         return None
     return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
+
+
+#: Online, a main process this busy (share of a core) receiving small batches spends a real part
+#: of the pipeline's cost on the hand-off between processes, which no workers saves: tabular rows
+#: and dict records measure 0.45-0.5 at 2 workers, a tokenizer and skewed CPU work 0.06-0.15.
+MAIN_HANDOFF = 0.3
 
 
 ONLINE_STEPS = (_fewer, _threads, _double, _bisect, _zero)

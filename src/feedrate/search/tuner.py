@@ -17,24 +17,17 @@ also what to remember for the next run).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.autotune import AutotuneReport, Event
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
-from feedrate.results.spread import Spread
-from feedrate.results.trial import Trial, probe_fields
+from feedrate.results.trial import Trial
+from feedrate.search.online_trial import TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose_online
 from feedrate.search.space import STALL_MARGIN, Space, covers
-
-#: A trial measures at least this many batches and seconds, after its warm-up batches.
-TRIAL_BATCHES = 12
-TRIAL_S = 0.5
-
-#: A trial whose loop waits more than this share of the time ends after half as many batches.
-STARVED = 0.5
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
@@ -48,94 +41,6 @@ RETUNE_WINDOWS = 2
 
 #: The default ``budget_s``: training seconds one round of tuning may spend on trials.
 BUDGET_S = 60.0
-
-#: Windows an online trial's rate is measured in (for its spread).
-TRIAL_WINDOWS = 4
-
-
-def window_rates(
-    samples: list[int], waits: list[float], steps: list[float], windows: int = TRIAL_WINDOWS
-) -> list[float]:
-    """Samples/s delivered to the loop in up to ``windows`` equal runs of consecutive batches
-    (at least 3 batches each, a remainder left out): a run's samples over its waits and steps
-    (s). The spread of an online trial is taken over these."""
-    k = max(1, min(windows, len(steps) // 3))
-    size = max(1, len(steps) // k)
-    rates = []
-    for i in range(0, size * k, size):
-        span = sum(waits[i : i + size]) + sum(steps[i : i + size])
-        rates.append(sum(samples[i : i + size]) / span if span > 0 else 0.0)
-    return rates
-
-
-@dataclass
-class TrialTiming:
-    """The trial in progress: per batch the samples, the wait in ``next()`` and the step after
-    (s). Its first ``warmup`` batches (made while the lane started) are not measured: the
-    window opens after them (``opened``, at ``began``)."""
-
-    config: LoaderConfig
-    reason: str
-    warmup: int
-    began: float = 0.0
-    started: bool = False
-    opened: bool = False
-    samples: list[int] = field(default_factory=list)
-    waits: list[float] = field(default_factory=list)
-    steps: list[float] = field(default_factory=list)
-    batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
-
-    @property
-    def measured(self) -> int:
-        return max(0, len(self.steps) - self.warmup)
-
-    def start(self, now: float) -> None:
-        """Its lane runs from ``now``; with no warm-up the window opens now."""
-        self.started = True
-        if self.warmup == 0:
-            self._open(now)
-
-    def add(self, samples: int, wait: float, step: float, now: float) -> None:
-        self.samples.append(samples)
-        self.waits.append(wait)
-        self.steps.append(step)
-        if len(self.steps) == self.warmup:
-            self._open(now)
-
-    def _open(self, now: float) -> None:
-        self.began, self.opened = now, True
-
-    def done(self, now: float) -> bool:
-        """Enough measured; a loop starved most of the time is judged on half as much (the
-        verdict is plain, and every batch of it costs training time)."""
-        if self.measured >= TRIAL_BATCHES and now - self.began >= TRIAL_S:
-            return True
-        if self.measured < TRIAL_BATCHES // 2 or now - self.began < TRIAL_S / 2:
-            return False
-        waited = sum(self.waits[self.warmup :])
-        return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
-
-    def result(self, rate: float | None, processes: ProbeReport | None) -> Trial:
-        """The measured batches as a Trial: the rate delivered to the loop (its spread over
-        ``window_rates``), the stall, and what ``processes`` saw. With the consumer's ``rate``
-        the stall is the larger of the one measured and ``1 - delivered / rate``: a loop slower
-        than ``rate`` never shows whether the loader could keep up with it."""
-        w, s = self.waits[self.warmup :], self.steps[self.warmup :]
-        n = self.samples[self.warmup :]
-        total = sum(w) + sum(s)
-        delivered = sum(n) / total if total > 0 else 0.0
-        stall = sum(w) / total if total > 0 else None
-        if rate is not None and stall is not None:
-            stall = max(stall, 1.0 - delivered / rate)
-        return Trial(
-            config=self.config,
-            reason=self.reason,
-            samples_per_s=delivered,
-            spread=Spread.of_rates(window_rates(n, w, s), "mad"),
-            stall_fraction=stall,
-            batch_bytes=self.batch_bytes,
-            **(probe_fields(processes) if processes is not None else {}),
-        )
 
 
 @dataclass
@@ -213,12 +118,13 @@ class OnlineTuner:
         budget_s: float = BUDGET_S,
     ) -> None:
         self.space = replace(space, baseline=start)
+        self._epoch_length: int | None = None
         self.rate, self.budget_s = rate, budget_s
         self.report = AutotuneReport(start, settled=settled, started_from=started_from)
         self.trials: list[Trial] = []
         #: The trial in progress, and the one planned for the lane that takes over after a
         #: drain (its batches are the next trial's, the drained ones are not).
-        self.trial = None if settled else TrialTiming(start, f"start: {started_from}", 0)
+        self.trial = None if settled else self._timing(start, f"start: {started_from}", 0)
         self.pending: TrialTiming | None = None
         # The stall the settled configuration leaves (the loop's own pace may keep it above
         # zero); the reference the watch windows compare against.
@@ -248,12 +154,13 @@ class OnlineTuner:
         self.epoch += 1
         self.batch = 0
         self._warmup_cap = 1 << 30 if length is None else max(1, length // 4)
+        self._epoch_length = length
 
     def lane_started(self, now: float) -> None:
         """A lane of ``config`` started at ``now`` with the epoch: a trial in progress starts
         over on it (with its warm-up)."""
         if self.trial is not None:
-            self.trial = TrialTiming(self.config, self.trial.reason, self._warmup(self.config))
+            self.trial = self._timing(self.config, self.trial.reason, self._warmup(self.config))
             self.trial.start(now)
 
     def observe(
@@ -311,7 +218,7 @@ class OnlineTuner:
         lane of it started and takes over once the lane in use drains (``switched``); else it
         runs from the next epoch."""
         self.report.config = config
-        trial = None if self.report.settled else TrialTiming(config, why, self._warmup(config))
+        trial = None if self.report.settled else self._timing(config, why, self._warmup(config))
         if drain:
             self.pending = trial
         else:
@@ -322,7 +229,7 @@ class OnlineTuner:
         the lane in use is measured again from ``now``."""
         self.trials.append(Trial(config, why, error=f"did not start: {error}"))
         self._event(f"stay on {self.config.label()}", f"{config.label()}: {error}")
-        self.trial = TrialTiming(self.config, "measured again", 0)
+        self.trial = self._timing(self.config, "measured again", 0)
         self.trial.start(now)
 
     def switched(self, now: float) -> None:
@@ -337,7 +244,7 @@ class OnlineTuner:
         epoch measures again."""
         self.pending = None
         if not self.report.settled:
-            self.trial = TrialTiming(self.config, "measured again after a stop", 0)
+            self.trial = self._timing(self.config, "measured again after a stop", 0)
 
     def _next(self, now: float) -> Action:
         began = self._round_began
@@ -372,8 +279,11 @@ class OnlineTuner:
         self.trials = []  # the old steps no longer describe the loop
         self.space = replace(self.space, baseline=online(cfg))
         self._event("tune again", f"the data stall came back ({stall:.0%} of the time waiting)")
-        self.trial = TrialTiming(cfg, "measured again: the stall came back", 0)
+        self.trial = self._timing(cfg, "measured again: the stall came back", 0)
         self.trial.start(now)
+
+    def _timing(self, cfg: LoaderConfig, why: str, warmup: int) -> TrialTiming:
+        return TrialTiming.planned(cfg, why, warmup, self._epoch_length)
 
     def _warmup(self, cfg: LoaderConfig) -> int:
         return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)

@@ -35,7 +35,7 @@ from feedrate.checks.machine import (
     shm_failed_finding,
     shm_finding,
 )
-from feedrate.checks.tune import check_failed_finding
+from feedrate.checks.tune import check_failed_finding, failed_trials_finding
 from feedrate.checks.workers import (
     busy_machine_finding,
     data_stall_finding,
@@ -44,7 +44,8 @@ from feedrate.checks.workers import (
 )
 from feedrate.errors import PipelineError, UserError
 from feedrate.loader.batches import epoch_samples
-from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of
+from feedrate.loader.libraries import epoch_per_worker
+from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import workers as worker_runs
 from feedrate.measuring.consumer import Consumer, make_consumer
@@ -65,7 +66,10 @@ from feedrate.workflows.doctor_steps import (
     TUNE_CHECKS,
     TUNE_MEMORY_SECONDS,
     Evidence,
+    Loaders,
     facts_for,
+    library_skip,
+    start_method,
 )
 from feedrate.workflows.doctor_steps import CHECKS as CHECKS  # re-exported: doctor's contract
 from feedrate.workflows.doctor_steps import wanted_checks as wanted_checks
@@ -101,16 +105,15 @@ def doctor(
     failure is in ``Report.pipeline_error`` and a ``check-failed`` finding. Raises
     ``UserError`` for bad arguments. No worker outlives the call.
     """
-    loader = loader_of(source)
+    loaders = Loaders(source)  # a factory TARGET: a fresh loader for each run
     if trial_seconds <= 0 or timeout_s <= 0:
         raise UserError(
             "trial_seconds and timeout_s must be positive", params=("trial_seconds", "timeout_s")
         )
     wanted = wanted_checks(checks)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
-    doc = _Doctor(
-        loader, facts_for(machine), consumer, wanted, timeout_s, progress, seconds=trial_seconds
-    )
+    doc = _Doctor(loaders.first, facts_for(machine), consumer, wanted, timeout_s, progress)
+    doc.compared.seconds, doc.loaders, doc.compared.source = trial_seconds, loaders, loaders.source
     for name in STEPS:
         doc.step(name)
     return doc.report(target)
@@ -179,6 +182,7 @@ class _Doctor:
             self.config.num_workers, measured[1].config.num_workers if measured else 0
         )
         self.containers = self._static_scan()
+        self.loaders = Loaders(loader)  # doctor() sets a factory's: a fresh loader per run
 
     def _static_scan(self) -> list[Container]:
         if "copy-on-read" not in self.wanted:
@@ -228,6 +232,9 @@ class _Doctor:
             return "no large Python containers on the dataset"
         if self.pipeline_error is not None:
             return _AFTER_FAILURE
+        held = library_skip(name, self.loader.dataset, fresh=self.loaders.factory is not None)
+        if held is not None:
+            return held
         return self._overflow(name)
 
     def _overflow(self, name: str) -> str | None:
@@ -252,18 +259,23 @@ class _Doctor:
         )
 
     def _batch(self) -> None:
-        self.seen.batch = main_process_batch(self.loader, timeout_s=self.timeout_s)
+        self.seen.batch = main_process_batch(self.loaders.fresh(), timeout_s=self.timeout_s)
 
     def _workers(self) -> None:
-        self.seen.views = worker_runs.inspect_workers(self.loader, timeout_s=self.timeout_s)
-        if self._start_method() in ("spawn", "forkserver") and "startup-cost" in self.wanted:
+        loader = self.loaders.fresh()
+        self.seen.views = worker_runs.inspect_workers(loader, timeout_s=self.timeout_s)
+        if (
+            start_method(self.loader, self.facts) in ("spawn", "forkserver")
+            and "startup-cost" in self.wanted
+        ):
             try:
                 self.seen.pickled_bytes = len(pickle.dumps(self.loader.dataset))
             except Exception:
                 self.seen.pickled_bytes = None
 
     def _duplicates(self) -> None:
-        self.seen.digests = worker_runs.stream_digests(self.loader, timeout_s=self.timeout_s)
+        loader = self.loaders.fresh()
+        self.seen.digests = worker_runs.stream_digests(loader, timeout_s=self.timeout_s)
 
     def _memory(self) -> None:
         """Long enough to see memory grow where the dataset holds large Python containers;
@@ -271,7 +283,7 @@ class _Doctor:
         keep = self.consumer is not None and self.consumer.kind == "step"
         seconds = self.memory_seconds if self.containers else BRIEF_SECONDS
         self.seen.run = sample_run(
-            self.loader, seconds=seconds, timeout_s=self.timeout_s, keep_batch=keep
+            self.loaders.fresh(), seconds=seconds, timeout_s=self.timeout_s, keep_batch=keep
         )
 
     def _performance(self) -> None:
@@ -280,12 +292,6 @@ class _Doctor:
         wide = bool(self.wanted & {"bottleneck", "too-few-workers", "too-many-workers"})
         batch = self.seen.run.first_batch if self.seen.run is not None else None
         self.compared.run(alternatives=wide, batch=batch)
-
-    def _start_method(self) -> str | None:
-        ctx = self.loader.multiprocessing_context
-        if ctx is None:
-            return self.facts.start_method
-        return ctx if isinstance(ctx, str) else ctx.get_start_method()
 
     # -- judging -----------------------------------------------------------------------------
 
@@ -308,12 +314,13 @@ class _Doctor:
         ]
 
     def _dataset(self) -> list[Finding | None]:
-        seen, mine = self.seen, self.workers
+        seen, mine, per_worker = self.seen, self.workers, epoch_per_worker(self.loader.dataset)
         return [
             checks_dataset.thread_finding(seen.views, seen.run, mine, self.facts.cpus_usable),
             checks_dataset.shared_rng_finding(seen.views, mine),
             None if seen.digests is None else checks_dataset.duplicates_finding(seen.digests, mine),
             checks_dataset.copy_on_read_finding(self.containers, seen.run),
+            checks_dataset.epoch_per_worker_finding(per_worker, self.config.num_workers),
         ]
 
     def _performance_findings(self) -> list[Finding | None]:
@@ -322,7 +329,7 @@ class _Doctor:
             return []
         view = self.seen.views[0] if self.seen.views else None
         cause = startup_cause(
-            self._start_method(),
+            start_method(self.loader, self.facts),
             view.init_s if view else None,
             view.age_s if view else None,
             self.seen.pickled_bytes,
@@ -338,6 +345,7 @@ class _Doctor:
             bottleneck,
             stall,
             busy_machine_finding(self.compared.measured(), self.facts.cpus_usable),
+            failed_trials_finding(self.compared.trials),  # never "no problems" over a failure
         ]
 
     def _failures(self) -> list[Finding]:

@@ -8,8 +8,13 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from feedrate.errors import UserError
+from feedrate.loader import libraries
+from feedrate.loader.rebuild import loader_of
 from feedrate.machine.facts import MachineFacts, collect
+from feedrate.measuring.measure import LoaderSource
 from feedrate.measuring.shm import MainBatch
 from feedrate.results.evidence import SampleRun, StreamDigests, WorkerView
 
@@ -31,6 +36,8 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "thread-oversubscription": ("workers", "memory"),
     "busy-machine": ("performance",),
     "data-stall": ("performance", "memory"),
+    "trials-failed": ("performance",),
+    "epoch-per-worker": ("static",),
 }
 #: The steps in the order they run (cheap and independent of the pipeline's speed first; the
 #: batch before any run of the user's batches through /dev/shm, so that those predicted to
@@ -51,6 +58,7 @@ TUNE_CHECKS = (
     "iterable-duplicates",
     "shared-rng",
     "thread-oversubscription",
+    "epoch-per-worker",
 )
 #: Seconds of the memory run where the dataset holds large Python containers (to see worker
 #: memory grow), and otherwise (a batch, and the workers' threads while loading).
@@ -95,3 +103,45 @@ class Evidence:
     run: SampleRun | None = None
     pickled_bytes: int | None = None
     batch: MainBatch | None = None
+
+
+class Loaders:
+    """The user's loader, and a fresh one for each run where ``source`` is a factory (a
+    TARGET naming a function): a dataset iterated once in this process (MosaicML's
+    ``StreamingDataset``, which holds file locks and shared memory) must not be forked into
+    the next run's workers. ``first`` is built at once; ``fresh()`` hands it out first, then a
+    new loader each call. ``source`` is what ``measure`` takes, to build its own per trial."""
+
+    def __init__(self, source: LoaderSource) -> None:
+        self.first = loader_of(source)
+        self.factory = None if isinstance(source, DataLoader) else source
+        self.source: LoaderSource = self.first if self.factory is None else self.factory
+        self._handed = False
+
+    def fresh(self) -> DataLoader[Any]:
+        if self.factory is None or not self._handed:
+            self._handed = True
+            return self.first
+        return loader_of(self.factory)
+
+
+def start_method(loader: DataLoader[Any], facts: MachineFacts) -> str | None:
+    """How ``loader``'s workers start: its own multiprocessing context, else the machine's."""
+    ctx = loader.multiprocessing_context
+    if ctx is None:
+        return facts.start_method
+    return ctx if isinstance(ctx, str) else ctx.get_start_method()
+
+
+def library_skip(step: str, dataset: object, *, fresh: bool) -> str | None:
+    """Why a step is not run on ``dataset``, from what its library is known to do: no
+    duplicates run where the library splits the stream by worker; no batch made in this
+    process from a dataset that this would break for the workers forked after it, unless
+    each run gets a fresh loader (``fresh``: the TARGET is a factory)."""
+    split = libraries.splits_by_worker(dataset)
+    if step == "duplicates" and split is not None:
+        return f"not needed: {split}"
+    unsafe = libraries.unsafe_to_iterate_here(dataset)
+    if step == "batch" and unsafe is not None and not fresh:
+        return f"not run: {unsafe} (a TARGET naming a function gets a fresh loader per run)"
+    return None

@@ -22,7 +22,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring.consumer import Consumer
-from feedrate.measuring.measure import measure
+from feedrate.measuring.measure import LoaderSource, measure
 from feedrate.measuring.memory_run import consumer_rate
 from feedrate.measuring.shm import main_process_batch
 from feedrate.results.findings import Finding
@@ -78,6 +78,8 @@ class Comparison:
         measured: tuple[Trial, Trial] | None = None,
     ) -> None:
         self.loader, self.facts, self.consumer = loader, facts, consumer
+        #: What each trial measures: the loader, or the factory that builds a fresh one.
+        self.source: LoaderSource = loader
         self.seconds, self.timeout_s = seconds, timeout_s
         self.measure_trial = measure_trial or self._measured
         self.config = config_of(loader)
@@ -116,7 +118,7 @@ class Comparison:
 
     def _measured(self, cfg: LoaderConfig, why: str, consumer: Consumer | None) -> Trial:
         m = measure(
-            self.loader,
+            self.source,
             cfg,
             seconds=self.seconds,
             windows_count=3,

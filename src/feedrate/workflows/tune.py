@@ -122,6 +122,7 @@ def tune(
         progress,
         dev,
         timeout_s=timeout_s,
+        source=source if callable(source) and not isinstance(source, DataLoader) else loader,
     )
     with interrupts.stoppable():
         result = run.search()

@@ -27,20 +27,19 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import interrupts, thread_safety
 from feedrate.measuring.consumer import Consumer
-from feedrate.measuring.measure import measure
+from feedrate.measuring.measure import LoaderSource, measure
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.findings import Finding
 from feedrate.results.measurement import Measurement
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
 from feedrate.search import advice
-from feedrate.search.plan import after_thread_check, next_trial
+from feedrate.search.plan import after_thread_check, next_trial, report_due
 from feedrate.search.propose import choose, propose
 from feedrate.search.space import Proposal, Space
+from feedrate.search.steps import threads_report
+from feedrate.workflows import tune_confirm
 from feedrate.workflows.doctor_trials import refuse_shm_overflow
-
-#: Rivals within this share of the leader are measured again before the answer is given.
-CONFIRM_WITHIN = 0.15
 
 #: The least wall time a trial is given (s), however little of the budget is left.
 MIN_TRIAL_WALL_S = 1.0
@@ -83,7 +82,9 @@ class Progress:
 
 
 class TuneSearch:
-    """One search: holds the trials and the ``clock`` (s); ``search()`` returns the result."""
+    """One search: holds the trials and the ``clock`` (s); ``search()`` returns the result.
+    ``source``: what each trial measures (default ``loader``); a factory gives each trial a
+    fresh loader, for datasets that one run leaves unusable for the next."""
 
     def __init__(
         self,
@@ -98,8 +99,10 @@ class TuneSearch:
         dev: torch.device | None = None,
         clock: Callable[[], float] = time.monotonic,
         timeout_s: float = 60.0,
+        source: LoaderSource | None = None,
     ) -> None:
         self.loader, self.space, self.consumer = loader, space, consumer
+        self.source: LoaderSource = loader if source is None else source
         self.dev, self.timeout_s = dev, timeout_s
         self.trial_seconds, self.budget_s = trial_seconds, budget_s
         self.facts, self.target, self.progress = facts, target, progress
@@ -107,6 +110,7 @@ class TuneSearch:
         self.trials: list[Trial] = []
         self.start = clock()
         self.last_trial_s = 0.0
+        self.longest_trial_s = 0.0
         self.partial_reason: str | None = None
         self.thread_check: ThreadCheck | None = None
         self.timed_whole: set[LoaderConfig] = set()  # their rates include every restart
@@ -124,7 +128,7 @@ class TuneSearch:
                 self.space,
                 self.trials,
                 propose,
-                spent=self.elapsed() + self.last_trial_s > self.budget_s,
+                spent=not self.room(),
                 thread_check=self.thread_check,
             )
             self.trials += step.skipped
@@ -138,6 +142,7 @@ class TuneSearch:
                     f"the budget of {self.budget_s:g} s was spent after {len(self.trials)} "
                     f"trials; the search had more to try (next: {step.config.label()})"
                 )
+                report_only = threads_report(self.space, self.trials)  # its time was kept
                 break
             if step.action == "check_threads":
                 self._threads_safe(step.config.threads)  # a failure takes threads out
@@ -151,9 +156,10 @@ class TuneSearch:
 
     def _report_threads(self, config: LoaderConfig, why: str) -> None:
         """After the answer is settled and confirmed: one threaded configuration, measured for
-        the report only (threads were not allowed), if the budget leaves room and the check
-        passes. The answer is complete without it, so a spent budget just skips it."""
-        if self.elapsed() + self.last_trial_s > self.budget_s:
+        the report only (threads were not allowed), if the check passes. ``room`` kept its time
+        back from the search once workers were seen waiting; the trial's limits still hold it
+        within the budget."""
+        if self.budget_s - self.elapsed() < MIN_TRIAL_WALL_S:
             return
         if self._threads_safe(config.threads):
             self.trial(config, why)
@@ -175,7 +181,7 @@ class TuneSearch:
         skip = checks_transfer.pinned_over_budget(flipped, best.batch_bytes, self.facts.to_dict())
         if skip is not None:
             self.trials.append(Trial(flipped, why, skipped=skip))
-        elif self.elapsed() + self.last_trial_s <= self.budget_s:
+        elif self.room():
             self.trial(flipped, why)
 
     def _threads_safe(self, threads: int) -> bool:
@@ -186,33 +192,19 @@ class TuneSearch:
             self.space = after_thread_check(self.space, self.thread_check)
         return self.thread_check.ok
 
+    def room(self) -> bool:
+        """The budget leaves room for one more trial (as long as the last), with the time of
+        the threaded trial the report will want kept back (as long as the longest so far)."""
+        kept = self.longest_trial_s if report_due(self.space, self.trials) else 0.0
+        return self.elapsed() + self.last_trial_s + kept <= self.budget_s
+
     def confirm(self, baseline: Trial) -> None:
-        """Measure the leader again, with its closest rival and your settings, interleaved, and
-        pool the windows: one lucky window should not pick the answer, and the speed-up over
-        your settings should compare measurements taken side by side. When pooling changes the
-        leader, the new one is measured again too (at most twice more), within the budget."""
+        """The trials the answer rests on, measured again side by side (``tune_confirm``)."""
         if self.space.consumer or self.partial_reason is not None:
             return
-        again: set[int] = set()
-        for round_ in range(3):
-            best = choose(self.space, self.trials)
-            if best is None or id(best) in again:
-                return
-            group = [best]
-            if round_ == 0:
-                rivals = sorted(
-                    (t for t in self.trials if t.measured and t is not best and t is not baseline),
-                    key=lambda t: -t.median,
-                )
-                group += [t for t in rivals[:1] if t.median >= best.median * (1 - CONFIRM_WITHIN)]
-                group.append(baseline)
-            for t in group:
-                if id(t) in again:
-                    continue
-                if self.elapsed() + self.last_trial_s > self.budget_s:
-                    return
-                t.pool(self.trial(t.config, "measured again, side by side", record=False))
-                again.add(id(t))
+        tune_confirm.again_where_contended(self, baseline)
+        tune_confirm.confirm(self, baseline)
+        tune_confirm.resolve(self)
 
     def trial(
         self, config: LoaderConfig, why: str, *, fatal: bool = False, record: bool = True
@@ -239,6 +231,7 @@ class TuneSearch:
             trial = Trial(config, why, error=str(exc))
             self.partial_reason = f"the pipeline failed with {config.label()}: {exc}"
         self.last_trial_s = self.clock() - began
+        self.longest_trial_s = max(self.longest_trial_s, self.last_trial_s)
         if record:
             self.trials.append(trial)
         self._report(Progress(index, config, why, self.elapsed(), self.budget_s, trial))
@@ -271,7 +264,7 @@ class TuneSearch:
     def measure_trial(self, config: LoaderConfig, limits: TrialLimits) -> Measurement:
         """Measure ``config`` within ``limits`` (a seam: tests give made-up measurements)."""
         return measure(
-            self.loader,
+            self.source,  # a factory builds each trial a fresh loader
             config,
             seconds=limits.seconds,
             wall_s=limits.wall_s,

@@ -1,0 +1,74 @@
+"""What ``AutoLoader`` passes on to the loader it wraps and the library under it: the epoch
+(to samplers and to datasets with a ``set_epoch`` of their own), the resumption state
+(``state_dict``/``load_state_dict`` of a streaming loader, resumed by the lane that runs
+next), and, for webdataset's
+``WebLoader``, the stages after its DataLoader, run on the tuned batches.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from feedrate.errors import UserError
+from feedrate.loader import libraries
+
+
+def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
+    """``epoch`` to the first of the sampler (e.g. ``DistributedSampler``), the batch
+    sampler's sampler and the batch sampler that takes it, and to the dataset where its
+    library reshuffles by epoch (Hugging Face's iterable datasets, litdata's)."""
+    owners: list[Any] = [
+        loader.sampler,
+        getattr(loader.batch_sampler, "sampler", None),
+        loader.batch_sampler,
+    ]
+    for owner in owners:
+        method = getattr(owner, "set_epoch", None)
+        if callable(method):
+            method(epoch)
+            break
+    libraries.set_dataset_epoch(loader.dataset, epoch)
+
+
+def state_dict(active: DataLoader[Any] | None, user: DataLoader[Any]) -> dict[str, Any]:
+    """The resumption state of the loader that yielded the epoch's batches (the lane in use:
+    it counted them), else of the user's loader. Raises ``UserError`` when the loader has no
+    ``state_dict`` (a plain DataLoader keeps no position)."""
+    for loader in (active, user):
+        method = getattr(loader, "state_dict", None)
+        if loader is not None and callable(method):
+            state = method()
+            return dict(state) if state is not None else {}
+    raise UserError(
+        f"{type(user).__name__} has no state_dict(): only loaders that can resume mid-epoch "
+        "(litdata's or MosaicML's StreamingDataLoader) have one"
+    )
+
+
+def can_load_state(user: DataLoader[Any]) -> None:
+    """``UserError`` unless ``user`` can resume from a state (``load_state_dict``)."""
+    if not callable(getattr(user, "load_state_dict", None)):
+        raise UserError(f"{type(user).__name__} has no load_state_dict()")
+
+
+def resume(loader: DataLoader[Any], state: dict[str, Any] | None) -> None:
+    """Give ``state`` (from ``load_state_dict``, None: nothing to resume) to the loader that
+    runs next: a lane, with its own worker count (litdata restripes a state saved with
+    another; MosaicML's state lives in its dataset)."""
+    if state is not None:
+        loader.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def around(webloader: Any, epoch: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+    """Iterate ``webloader``'s stages after its DataLoader (and its ``with_epoch``/``repeat``)
+    on what ``epoch()`` yields instead of on its DataLoader. The user's pipeline is copied,
+    never changed."""
+    pipe = copy.copy(webloader)
+    parts = libraries.webloader_parts(webloader)
+    assert parts is not None
+    pipe.pipeline = [epoch, *parts[1]]  # a callable first stage is called for each epoch
+    return lambda: iter(pipe)

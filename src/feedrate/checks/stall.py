@@ -1,0 +1,233 @@
+"""What ``feedrate run`` concludes from what it observed, as pure functions: which loaders
+train and which evaluate, what limits a loader that stalls its loop (the one bottleneck
+vocabulary of ``search.bottleneck``), the doctor's findings that the observations support, and
+the next step. No finding ids of its own: ``data-stall``, ``bottleneck``, ``startup-cost``
+and ``pin-memory-no-accelerator`` mean here what they mean for ``tune`` and ``doctor``.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from feedrate.checks.machine import pin_memory_finding
+from feedrate.checks.workers import data_stall_finding, startup_finding
+from feedrate.results.findings import Finding, FindingDoc
+from feedrate.results.run import LoaderRun, Role
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial
+from feedrate.search.bottleneck import LABELS, MAIN_BUSY, Bottleneck
+from feedrate.search.space import STALL_MARGIN
+
+#: A loader taking fewer batches than this share of the busiest one's (in the same process),
+#: or taking most of its batches with autograd off, is an evaluation loader.
+EVAL_SHARE = 0.5
+#: Workers suggested make batches this much faster than the loop steps.
+WORKER_MARGIN = 0.1
+#: No finding ids of this module's own (see the docstring).
+DOCS: tuple[FindingDoc, ...] = ()
+
+_FIX: dict[str, str] = {
+    "main-process": "move the work into worker processes: DataLoader(..., num_workers=N)",
+    "cpu": "more CPUs, or cheaper per-sample work (decode at lower resolution, move "
+    "augmentation to the accelerator)",
+    "latency": "more workers (or threads inside workers: feedrate.threaded), or a local cache "
+    "of the remote data",
+    "unknown": "feedrate doctor on the loader, exposed as a name (file.py:NAME)",
+}
+
+
+def roles(loaders: list[LoaderRun]) -> list[Role]:
+    """The role of each of one process's loaders: "eval" for one that took most of its
+    batches with autograd off (``torch.no_grad()``, inference mode) or fewer than
+    ``EVAL_SHARE`` of the batches of the busiest other loader; else "train"."""
+    grad_on = {id(ld) for ld in loaders if ld.grad_off_batches * 2 < ld.batches}
+    top = max((ld.batches for ld in loaders if id(ld) in grad_on), default=0)
+    return [
+        "train" if id(ld) in grad_on and ld.batches >= EVAL_SHARE * top else "eval"
+        for ld in loaders
+    ]
+
+
+def observed_trial(ld: LoaderRun) -> Trial:
+    """The loader's observation as a ``Trial`` (what the doctor's rules read): the rate it
+    delivered per window of its timeline, its stall, start-up and restarts, and its CPU use
+    (the main thread's while waiting, the workers' over the loop). Once ``--autotune`` tuned
+    it, the settings are autotune's and the stall the settled one."""
+    config = ld.autotune.after if ld.tuned and ld.autotune and ld.autotune.after else ld.config
+    per_batch = ld.samples / ld.batches if ld.batches else 0.0
+    rates = [
+        w.batches * per_batch / (w.wait_s + w.step_s)
+        for w in ld.timeline
+        if w.batches and w.wait_s + w.step_s > 0
+    ]
+    return Trial(
+        config=config,
+        reason="observed by feedrate run",
+        samples_per_s=ld.samples / ld.loop_s if ld.loop_s > 0 else 0.0,
+        spread=Spread.of_rates(rates or [0.0]),
+        startup_s=ld.startup_s or 0.0,
+        epoch_restart_s=list(ld.epoch_restart_s),
+        main_cpu=ld.main_cpu_in_next or 0.0,
+        workers_cpu=ld.workers.cpu_util or 0.0,
+        batch_bytes=ld.batch_bytes,
+        stall_fraction=ld.settled_stall,
+    )
+
+
+def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck:
+    """What limits the loop: "consumer" when it waits for data at most ``STALL_MARGIN`` of its
+    time; without workers, "main-process" when the main thread computed while it waited,
+    else "latency"; with workers, "main-process" (the main thread busy receiving), "cpu"
+    (workers busy, or the CPUs full) or "latency" (workers mostly idle). Once ``--autotune``
+    tuned it, its settled stall decides whether it still waits."""
+    stall = ld.settled_stall or 0.0
+    if ld.tuned:
+        return "consumer" if stall <= STALL_MARGIN else "unknown"
+    if stall <= STALL_MARGIN:
+        return "consumer"
+    main = ld.main_cpu_in_next or 0.0
+    workers = ld.config.num_workers
+    if workers == 0:
+        return "main-process" if main >= MAIN_BUSY else "latency"
+    if main >= 0.85:
+        return "main-process"
+    used = ld.workers.cpu_util
+    if used is None:
+        return "unknown"
+    if used / workers >= 0.8 or used >= 0.85 * cpus:
+        return "cpu"
+    return "latency" if used / workers < 0.5 else "unknown"
+
+
+def _evidence(ld: LoaderRun, kind: str) -> str:
+    main = ld.main_cpu_in_next
+    parts = [f"{ld.config.label()}"]
+    if main is not None:
+        parts.append(f"the main thread computed {main:.0%} of its wait in next()")
+    if ld.config.num_workers and ld.workers.cpu_util is not None:
+        each = ld.workers.cpu_util / ld.config.num_workers
+        parts.append(f"workers {ld.workers.cpu_util:.0%} of a core in total ({each:.0%} each)")
+    if ld.config.num_workers == 0:
+        parts.append(
+            "so the dataset's work runs in the training process itself"
+            if kind == "main-process"
+            else "so it slept (I/O, locks, remote storage) rather than computed"
+        )
+    return ", ".join(parts)
+
+
+def bottleneck_finding(ld: LoaderRun, kind: Bottleneck) -> Finding:
+    """The ``bottleneck`` finding of an observed loader."""
+    stall = ld.settled_stall or 0.0
+    if kind == "consumer":
+        return Finding(
+            "bottleneck",
+            "info",
+            f"consumer-bound: the loop waits for data only {stall:.0%} of its time "
+            f"({observed_trial(ld).config.label()}): the model, not the loader, sets the pace",
+            "speed up the training step; more loader work will not help",
+        )
+    return Finding(
+        "bottleneck",
+        "info",
+        f"data-bound: the loop waits for data {stall:.0%} of its time; {LABELS[kind]}: "
+        f"{_evidence(ld, kind)}",
+        _FIX.get(kind, _FIX["unknown"]),
+    )
+
+
+def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
+    """Workers that would make batches as fast as the loop steps, where the run shows it: the
+    seconds of data work per batch (the wait, less start-up, plus the step's share the loop
+    overlapped) over the seconds of step per batch, with ``WORKER_MARGIN`` to spare; capped
+    at the usable CPUs for CPU-bound work (more would only compete)."""
+    steady = ld.batches - ld.epochs
+    if steady <= 0 or ld.step_s <= 0:
+        return None
+    waits = ld.wait_s - (ld.startup_s or 0.0) - sum(ld.epoch_restart_s)
+    step = ld.step_s / ld.batches
+    make = max(0.0, waits) / steady
+    if ld.config.num_workers:
+        make = (make + step) * ld.config.num_workers  # each worker's batch, end to end
+    needed = math.ceil(make / step * (1 + WORKER_MARGIN))
+    cpu_bound = (ld.main_cpu_in_next or 0.0) >= MAIN_BUSY or ld.bottleneck == "cpu"
+    return max(1, min(needed, cpus) if cpu_bound else needed)
+
+
+def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
+    """What to do next, in order: the change the run showed (``--autotune``'s), else the
+    settings to try with the gain they can bring, then the commands that find them."""
+    steps: list[str] = []
+    tuned = ld.autotune
+    if ld.tuned and tuned is not None and tuned.after is not None:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.after.kwargs().items())
+        steps.append(
+            f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
+            f"{_pct(tuned.stall_before)} with your settings → {_pct(tuned.stall_after)} once "
+            f"tuned); to keep it without autotune: DataLoader(..., {kwargs})"
+        )
+    stall = ld.settled_stall or 0.0
+    if ld.bottleneck == "consumer":
+        return [
+            *steps,
+            f"The loop does not wait on data ({stall:.0%} of its time): the model is the "
+            "bottleneck, so more loader work (workers, prefetching) will not help.",
+        ]
+    saved = max(0.0, ld.wait_s - (ld.startup_s or 0.0))
+    # Main-process-bound with workers: more workers would only add to what the main process
+    # receives.
+    receiving = ld.config.num_workers > 0 and ld.bottleneck == "main-process"
+    needed = None if receiving else workers_needed(ld, cpus)
+    if needed is not None and needed != ld.config.num_workers and tuned is None:
+        steps.append(
+            f"try DataLoader(..., num_workers={needed}): the run shows it takes about that many "
+            f"to make batches as fast as the loop steps; up to {saved:,.1f} s of the "
+            f"{ld.loop_s:,.1f} s loop ({stall:.0%}) was spent waiting"
+        )
+    if tuned is None:
+        steps.append(f"feedrate run --autotune {shlex.join(command)}")
+    step_s = ld.step_s / ld.batches if ld.batches else 0.0
+    if ld.name:
+        steps.append(f"feedrate tune {ld.name} --step-time {step_s:.3g}")
+    else:
+        steps.append(f"in code, at {ld.created_at}: loader = feedrate.autotune(DataLoader(...))")
+    return steps
+
+
+def _pct(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.0%}"
+
+
+def findings(ld: LoaderRun, machine: dict[str, Any]) -> list[Finding]:
+    """The doctor's findings that the observation supports, most important first."""
+    trial = observed_trial(ld)
+    found: list[Finding] = []
+    kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
+    stall = data_stall_finding(trial, _FIX.get(kind, _FIX["unknown"]))
+    if stall is not None and ld.role == "train":
+        found.append(stall)
+    epoch_samples = ld.epoch_batches * ld.batch_size if ld.epoch_batches and ld.batch_size else None
+    for extra in (startup_finding(trial, epoch_samples), pin_memory_finding(trial, machine)):
+        if extra is not None:
+            found.append(extra)
+    found.append(bottleneck_finding(ld, kind))
+    return found
+
+
+def verdict(train: list[LoaderRun], evaluation: list[LoaderRun]) -> str:
+    """The run in one sentence."""
+    if not train and not evaluation:
+        return "no DataLoader was iterated (in the processes feedrate could follow)"
+    if not train:
+        return "only evaluation loaders were iterated (taken with autograd off)"
+    worst = max(train, key=lambda ld: ld.settled_stall or 0.0)
+    stall = worst.settled_stall or 0.0
+    tuned = " once autotune tuned it" if worst.tuned else ""
+    if stall <= STALL_MARGIN:
+        return (
+            f"training does not wait on data{tuned} (at most {stall:.0%} of the loop): the "
+            "model is the bottleneck, more loader work will not help"
+        )
+    return f"training waits on data {stall:.0%} of its loop time{tuned}, at {worst.label}"

@@ -1,0 +1,23 @@
+"""What 2 workers yielded from an IterableDataset, by identity as well as by content."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedrate.results.evidence import StreamDigests
+
+
+@dataclass
+class StreamSamples(StreamDigests):
+    """``StreamDigests`` (the content digests, taken with the same random seeds in both
+    workers, so identical augmentations of one sample hash alike) with, per worker and in the
+    same order, each item's identity digest (``dataset_objects.identity``: its ids, labels,
+    keys and other non-float parts; '' for an item without any)."""
+
+    identities: dict[int, list[str]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["identities"] = {str(k): v for k, v in self.identities.items()}
+        return out

@@ -1,0 +1,248 @@
+"""What runs inside every Python process of a ``feedrate run`` command, from its start-up
+(``sitecustomize``, see ``launch``): patch DataLoader when torch imports it, and at exit write
+what was seen to ``$FEEDRATE_RUN_DIR/<pid>.json`` (a ``ProcessRun``).
+
+It must cost nothing where no DataLoader is used: until ``torch`` has been imported (the patch
+waits for the whole package: its modules import one another while it loads) only an import
+hook waits; the sampling thread starts with the first loader iterated; a process that
+iterated none writes nothing. It must never break the user's
+program: every failure here is swallowed (and noted in the report where there is one).
+A report is written at exit (``atexit``, and multiprocessing's own exit for its children), and
+on SIGTERM when the program left SIGTERM to its default when it first iterated a loader (the
+report is written, then the signal takes its default course, so the exit status is unchanged).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType, ModuleType
+from typing import Any
+
+ENV_DIR = "FEEDRATE_RUN_DIR"
+ENV_T0 = "FEEDRATE_RUN_T0"
+ENV_AUTOTUNE = "FEEDRATE_RUN_AUTOTUNE"
+HOOKED = "torch"
+
+_state: dict[str, Any] = {}
+
+
+def start() -> None:
+    """Called by the ``sitecustomize`` of ``feedrate run``; does nothing outside one."""
+    if ENV_DIR not in os.environ or _state:
+        return
+    _state["dir"] = os.environ[ENV_DIR]
+    _state["notes"] = []
+    _state["written"] = False
+    if HOOKED in sys.modules:
+        _on_import(sys.modules[HOOKED])
+    else:
+        sys.meta_path.insert(0, _Hook())
+    atexit.register(write_report)
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _first_iter(sampler: Any) -> None:
+    """The process iterates its first loader: start sampling, and catch SIGTERM (only now:
+    a process that iterates no loader keeps its signals exactly as they were)."""
+    sampler.start()
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when torch is imported, it wraps the loader of torch's spec so
+    the patch follows the package's execution."""
+
+    def find_spec(
+        self, fullname: str, path: Any, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != HOOKED:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once torch is found, imports go by as before
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchAfter(spec.loader)
+        return spec
+
+
+class _PatchAfter(importlib.abc.Loader):
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        created: ModuleType | None = self._inner.create_module(spec)
+        return created
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _on_import(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _on_import(torch: ModuleType) -> None:
+    try:
+        from torch.utils.data import dataloader
+
+        # Everything the report needs is imported now: a module imported during exit makes
+        # CPython forget that a KeyboardInterrupt ended the program (exit 1, not 130).
+        from feedrate.machine import facts  # noqa: F401
+        from feedrate.results import run  # noqa: F401
+        from feedrate.running import tuning  # noqa: F401
+        from feedrate.running.observer import Registry, install
+        from feedrate.running.sampler import Sampler
+        from feedrate.running.tuning import replacer
+
+        registry = Registry(_origin(), replacer() if os.environ.get(ENV_AUTOTUNE) else None)
+        sampler = Sampler(lambda: list(registry.watches))
+        _state["registry"], _state["sampler"] = registry, sampler
+        install(registry, dataloader.DataLoader)
+        registry.on_first_iter = lambda: _first_iter(sampler)
+        from multiprocessing import util
+
+        util.register_after_fork(_KEY, _multiprocessing_child)
+    except Exception as exc:
+        _state["notes"].append(f"feedrate could not watch DataLoader here: {exc!r}")
+
+
+def _origin() -> float:
+    """The reading of ``time.perf_counter`` at the moment ``feedrate run`` started the
+    command (shared by every process through ``$FEEDRATE_RUN_T0``, a wall-clock time)."""
+    try:
+        t0 = float(os.environ.get(ENV_T0, ""))
+    except ValueError:
+        return time.perf_counter()
+    return time.perf_counter() - (time.time() - t0)
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def report() -> dict[str, Any] | None:
+    """This process's ``ProcessRun`` as a dict, or None when it iterated no loader."""
+    registry = _state.get("registry")
+    if registry is None:
+        return None
+    from feedrate.results.run import ProcessRun
+
+    if _state.get("sampler") is not None:
+        _state["sampler"].stop()
+    if os.environ.get(ENV_AUTOTUNE):
+        from feedrate.running.tuning import finish
+
+        for watch in registry.watches:
+            finish(watch)
+    rank = _int_env("RANK")
+    rank = _int_env("LOCAL_RANK") if rank is None else rank
+    loaders = [w.result(os.getpid(), rank) for w in registry.watches if w.batches]
+    if not loaders:
+        return None
+    run = ProcessRun(
+        pid=os.getpid(),
+        ppid=os.getppid(),
+        argv=list(sys.argv),
+        rank=rank,
+        local_rank=_int_env("LOCAL_RANK"),
+        world_size=_int_env("WORLD_SIZE"),
+        loaders=loaders,
+        machine=_machine(),
+        notes=list(_state.get("notes", [])),
+    )
+    return run.to_dict()
+
+
+def _machine() -> dict[str, Any]:
+    try:
+        from feedrate.machine.facts import collect
+
+        return collect().to_dict()
+    except Exception:
+        return {}
+
+
+def write_report() -> None:
+    """Write this process's report (once), atomically."""
+    if _state.get("written") or ENV_DIR not in os.environ:
+        return
+    _state["written"] = True
+    try:
+        found = report()
+        if found is None:
+            return
+        path = os.path.join(_state["dir"], f"{os.getpid()}.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(found, fh)
+        os.replace(tmp, path)
+    except Exception as exc:
+        sys.stderr.write(f"feedrate run: this process's report was lost: {exc!r}\n")
+    if getattr(sys, "last_type", None) is KeyboardInterrupt and _main_process():
+        _exit_as_interrupted()
+
+
+def _main_process() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _exit_as_interrupted() -> None:
+    """End as CPython ends a program that a Ctrl-C stopped (killed by SIGINT, so its parent
+    sees 130), even where something imported during exit made it forget."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    write_report()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Key:
+    """What multiprocessing's after-fork registry holds on to (it keeps weak references)."""
+
+
+def _multiprocessing_child(_key: object) -> None:
+    """A forked ``multiprocessing`` child leaves through ``os._exit``: its report is written
+    by multiprocessing's own exit (its finalizers, registered here, after it cleared the
+    ones inherited from the parent)."""
+    from multiprocessing import util
+
+    util.Finalize(None, write_report, exitpriority=-100)
+
+
+_KEY = _Key()
+
+
+def _after_fork() -> None:
+    """A forked child (a DataLoader worker, a multiprocessing Process) starts with no loaders
+    of its own."""
+    registry = _state.get("registry")
+    _state["written"] = False
+    if registry is not None:
+        registry.reset()
+        from feedrate.running.sampler import Sampler
+
+        _state["sampler"] = sampler = Sampler(lambda: list(registry.watches))
+        registry.on_first_iter = lambda: _first_iter(sampler)

@@ -1,0 +1,289 @@
+"""Timing every DataLoader a script iterates, from inside its process.
+
+``install(module)`` wraps ``DataLoader.__init__`` (to note where the user's code built each
+loader) and ``DataLoader.__iter__`` (so subclasses are caught too): each iterator handed out is
+an ``ObservedIterator``, which reads the clock twice per batch and the main thread's CPU clock
+twice, and adds to the loader's ``Watch``. Nothing else happens per batch: worker processes
+are read by ``sampler`` from its own thread, every second or so.
+
+The wait of an epoch's first batch is counted from ``iter()`` (it holds the worker start-up);
+the step is the time from handing a batch out to the next ``next()``. Loaders that feedrate
+itself builds (``--autotune``'s trial loaders) are not watched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
+from feedrate.loader.rebuild import config_of
+from feedrate.results.run import AutotuneChange, LoaderRun, WorkerUse
+from feedrate.running.timeline import Timeline
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FEEDRATE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+#: Makes an iterator for a watched loader in place of DataLoader's own (``--autotune``), or
+#: returns None to leave it to DataLoader; it is given DataLoader's own ``__iter__`` too.
+Replacer = Callable[["Watch", DataLoader[Any], Callable[[], Any]], "Iterator[Any] | None"]
+
+
+class Watch:
+    """What one loader did, summed as it runs (seconds on ``time.perf_counter``)."""
+
+    def __init__(self, loader: DataLoader[Any], site: str, module: str | None, origin: float):
+        self.loader = weakref.ref(loader)
+        self.site, self.module = site, module
+        self.config = config_of(loader)
+        self.loader_type = type(loader).__name__
+        self.dataset_type = type(loader.dataset).__name__
+        self.dataset_id = id(loader.dataset)
+        self.batch_size = loader.batch_size
+        self.epoch_batches = epoch_length(loader)
+        self.count = sample_counter(loader)
+        self.epochs = self.batches = self.samples = self.grad_off = 0
+        self.wait = self.step = self.cpu_in_next = 0.0
+        self.startup: float | None = None
+        self.restarts: list[float] = []
+        self.batch_bytes: int | None = None
+        self.last: float | None = None  # when the last batch was handed out, in this epoch
+        self.began = 0.0  # when this epoch's iter() was called
+        self.timeline = Timeline(origin)
+        self.iterator: Any = None  # the iterator of the epoch in progress (its workers)
+        self.worker_cpu: dict[int, float] = {}  # pid → CPU seconds read last
+        self.worker_uss: int | None = None
+        self.worker_pss: int | None = None
+        self.shm_peak: int | None = None
+        self.autotune: AutotuneChange | None = None
+        self.tuner: Any = None  # the AutoLoader standing in for the loader, with --autotune
+
+    def new_epoch(self, now: float) -> None:
+        self.epochs += 1
+        self.began, self.last = now, None
+
+    def took(self, batch: Any, t0: float, t1: float, cpu: float) -> None:
+        """A batch asked for at ``t0`` arrived at ``t1``, ``cpu`` s of main-thread CPU later."""
+        if self.last is None:  # the epoch's first batch: it waited from iter()
+            wait, step = t1 - self.began, 0.0
+            if self.startup is None:
+                self.startup = wait
+                self.batch_bytes = batch_nbytes(batch)
+            else:
+                self.restarts.append(wait)
+        else:
+            wait, step = t1 - t0, t0 - self.last
+        self.wait += wait
+        self.step += step
+        self.cpu_in_next += cpu
+        self.batches += 1
+        self.samples += self.count(batch)
+        if not torch.is_grad_enabled():
+            self.grad_off += 1
+        self.timeline.add(t1, wait, step)
+        self.last = t1
+
+    def ran_out(self, t0: float) -> None:
+        """The loader ran out at ``t0``: the step on the last batch ends there."""
+        if self.last is not None:
+            self.step += t0 - self.last
+            self.timeline.add(t0, 0.0, t0 - self.last)
+            self.timeline.count[-1] -= 1  # a step, not a batch
+        self.last = None
+
+    def result(self, pid: int, rank: int | None) -> LoaderRun:
+        cpu = sum(self.worker_cpu.values())
+        loop = self.wait + self.step
+        return LoaderRun(
+            created_at=self.site,
+            config=self.config,
+            pid=pid,
+            rank=rank,
+            name=self.name(),
+            loader_type=self.loader_type,
+            dataset_type=self.dataset_type,
+            batch_size=self.batch_size,
+            epoch_batches=self.epoch_batches,
+            epochs=self.epochs,
+            batches=self.batches,
+            samples=self.samples,
+            wait_s=self.wait,
+            step_s=self.step,
+            startup_s=self.startup,
+            epoch_restart_s=list(self.restarts),
+            main_cpu_in_next=self.cpu_in_next / self.wait if self.wait > 0 else None,
+            grad_off_batches=self.grad_off,
+            batch_bytes=self.batch_bytes,
+            workers=WorkerUse(
+                cpu_util=cpu / loop if self.worker_cpu and loop > 0 else None,
+                uss_bytes=self.worker_uss,
+                pss_bytes=self.worker_pss,
+                processes=len(self.worker_cpu),
+            ),
+            shm_peak_bytes=self.shm_peak,
+            timeline=self.timeline.windows(),
+            autotune=self.autotune,
+        )
+
+    def name(self) -> str | None:
+        """``file.py:NAME`` where the loader is a module-level name of the module that built
+        it (what ``feedrate tune`` takes), else None."""
+        loader, module = self.loader(), sys.modules.get(self.module or "")
+        if loader is None or module is None:
+            return None
+        for key, value in list(vars(module).items()):
+            if value is loader and not key.startswith("_"):
+                return f"{self.site.rpartition(':')[0]}:{key}"
+        return None
+
+
+class ObservedIterator:
+    """The iterator of a watched loader: the loader's own, timed. Anything else asked of it
+    (``_workers``, ``len``, its class for ``isinstance``) is the inner iterator's."""
+
+    def __init__(self, inner: Iterator[Any], watch: Watch) -> None:
+        self._inner, self._watch = inner, watch
+
+    def __iter__(self) -> ObservedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        c0 = time.thread_time()
+        t0 = time.perf_counter()
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._watch.ran_out(t0)
+            raise
+        t1 = time.perf_counter()
+        cpu = time.thread_time() - c0
+        # A try costs nothing per batch where suppress() builds an object: never the user's
+        # problem, a batch feedrate cannot count.
+        try:  # noqa: SIM105
+            self._watch.took(batch, t0, t1, cpu)
+        except Exception:
+            pass
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type[Any]:
+        # isinstance(it, _MultiProcessingDataLoaderIter) still holds (as frameworks check).
+        return type(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Registry:
+    """The watches of this process, and the DataLoader methods they replace."""
+
+    def __init__(self, origin: float, replacer: Replacer | None = None) -> None:
+        self.origin = origin
+        self.replacer = replacer
+        #: Called once, when the first watched loader is iterated (starts the sampler).
+        self.on_first_iter: Callable[[], None] | None = None
+        self.lock = threading.Lock()
+        self.watches: list[Watch] = []
+        self.by_loader: weakref.WeakKeyDictionary[DataLoader[Any], Watch] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def reset(self) -> None:
+        """After a fork: the child's loaders are its own."""
+        self.lock = threading.Lock()
+        self.watches, self.by_loader = [], weakref.WeakKeyDictionary()
+
+    def created(self, loader: DataLoader[Any], frame: FrameType | None) -> None:
+        """Watch a loader just built. One built again at the same line, over the same dataset
+        with the same settings (a loop that makes a new loader every epoch) adds to the same
+        watch: its epochs are that loader's epochs."""
+        site = creation_site(loader, frame)
+        if site is None:
+            return
+        watch = Watch(loader, site[0], site[1], self.origin)
+        with self.lock:
+            for seen in reversed(self.watches):
+                if (seen.site, seen.dataset_id, seen.config) == (
+                    watch.site,
+                    watch.dataset_id,
+                    watch.config,
+                ):
+                    seen.loader = watch.loader
+                    self.by_loader[loader] = seen
+                    return
+            self.watches.append(watch)
+            self.by_loader[loader] = watch
+
+    def iterate(self, loader: DataLoader[Any], own_iter: Callable[[], Any]) -> Any:
+        watch = self.by_loader.get(loader)
+        if watch is None:
+            return own_iter()
+        if self.on_first_iter is not None:
+            start, self.on_first_iter = self.on_first_iter, None
+            start()
+        watch.new_epoch(time.perf_counter())
+        inner = self.replacer(watch, loader, own_iter) if self.replacer is not None else None
+        if inner is None:
+            inner = own_iter()
+        watch.iterator = inner
+        return ObservedIterator(inner, watch)
+
+
+def creation_site(loader: object, frame: FrameType | None) -> tuple[str, str | None] | None:
+    """``(file:line, module name)`` of the user's code that built ``loader``, from ``frame``
+    (the caller of DataLoader's ``__init__``) outwards: torch's frames and the ``__init__`` of
+    the loader's own subclasses are skipped. None when feedrate built it."""
+    while frame is not None:
+        code = frame.f_code
+        file = code.co_filename
+        own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
+        if file.startswith(_TORCH_DIR) or own_init:
+            frame = frame.f_back
+            continue
+        if os.path.abspath(file).startswith(_FEEDRATE_DIR):
+            return None
+        return f"{_shown(file)}:{frame.f_lineno}", frame.f_globals.get("__name__")
+    return "<unknown>:0", None
+
+
+def _shown(file: str) -> str:
+    path = os.path.abspath(file)
+    here = os.getcwd() + os.sep
+    return path[len(here) :] if path.startswith(here) else path
+
+
+def install(registry: Registry, cls: type[DataLoader[Any]] = DataLoader) -> None:
+    """Wrap ``cls.__init__`` and ``cls.__iter__`` to feed ``registry`` (once per class)."""
+    if getattr(cls, "__feedrate_run__", False):
+        return
+    own_init, own_iter = cls.__init__, cls.__iter__
+
+    # wraps(): the signature stays DataLoader's own, for the frameworks that read it to build
+    # a loader again (Lightning does), and for feedrate's own rebuild.
+    @functools.wraps(own_init)
+    def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
+        own_init(self, *args, **kwargs)
+        with contextlib.suppress(Exception):
+            registry.created(self, sys._getframe(1))
+
+    @functools.wraps(own_iter)
+    def __iter__(self: DataLoader[Any]) -> Any:
+        return registry.iterate(self, lambda: own_iter(self))
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    cls.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+    cls.__feedrate_run__ = True  # type: ignore[attr-defined]

@@ -1,0 +1,102 @@
+"""Reading the worker processes of the loaders being iterated, from a daemon thread at a low
+rate, so the training loop pays nothing for it: each worker's CPU time every ``cpu_every_s``
+(one small /proc read per worker), its memory (USS, PSS: a slower smaps read) every
+``memory_every_s``, and /dev/shm in use above its level at start."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import psutil
+
+from feedrate.measuring.processes import shm_used_bytes
+from feedrate.running.observer import Watch
+
+#: Seconds from the first loader iterated to the first reading.
+FIRST_READ_S = 0.2
+
+
+def worker_pids(iterator: object) -> list[int]:
+    """The pids of a DataLoader iterator's worker processes (none without workers)."""
+    workers = getattr(iterator, "_workers", None) or []
+    return [pid for w in workers if isinstance(pid := getattr(w, "pid", None), int)]
+
+
+class Sampler:
+    """Started at the first loader iterated; ``stop()`` at exit."""
+
+    def __init__(
+        self,
+        watches: Callable[[], list[Watch]],
+        *,
+        cpu_every_s: float = 1.0,
+        memory_every_s: float = 5.0,
+        shm_path: str = "/dev/shm",
+    ) -> None:
+        self._watches = watches
+        self._cpu_every, self._memory_every = cpu_every_s, memory_every_s
+        self._shm_path = shm_path
+        self._shm_base = shm_used_bytes(shm_path)
+        self._handles: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="feedrate-run", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        self.read(memory=False)  # the last figures
+
+    def _run(self) -> None:
+        ticks_per_memory = max(1, round(self._memory_every / self._cpu_every))
+        tick = 0
+        wait = min(FIRST_READ_S, self._cpu_every)  # the first soon: short runs get figures too
+        while not self._stop.wait(wait):
+            wait = self._cpu_every
+            tick += 1
+            try:
+                self.read(memory=tick % ticks_per_memory == 1 or ticks_per_memory == 1)
+            except Exception:  # a process gone between two reads, or psutil refusing
+                continue
+
+    def read(self, *, memory: bool) -> None:
+        """One reading of every watched loader's workers (and of /dev/shm)."""
+        shm = shm_used_bytes(self._shm_path)
+        for watch in self._watches():
+            pids = worker_pids(watch.iterator)
+            if not pids:
+                continue
+            uss = pss = 0
+            for pid in pids:
+                handle = self._handle(pid)
+                if handle is None:
+                    continue
+                try:
+                    t = handle.cpu_times()
+                    watch.worker_cpu[pid] = float(t.user + t.system)
+                    if memory:
+                        info = handle.memory_full_info()
+                        uss += int(getattr(info, "uss", 0))
+                        pss += int(getattr(info, "pss", 0) or 0)
+                except psutil.Error:
+                    continue
+            if memory and uss:
+                watch.worker_uss = max(watch.worker_uss or 0, uss)
+                watch.worker_pss = max(watch.worker_pss or 0, pss) if pss else watch.worker_pss
+            if shm is not None and self._shm_base is not None:
+                watch.shm_peak = max(watch.shm_peak or 0, max(0, shm - self._shm_base))
+
+    def _handle(self, pid: int) -> psutil.Process | None:
+        handle = self._handles.get(pid)
+        if handle is None:
+            try:
+                handle = self._handles[pid] = psutil.Process(pid)
+            except psutil.Error:
+                return None
+        return handle

@@ -1,0 +1,106 @@
+"""``feedrate run --autotune``: each training loader's iteration goes through
+``feedrate.autotune(loader)`` (the same batches in the same order, workers cleaned up, the
+cache used and filled), and what it changed goes into the report.
+
+A loader is tuned from its first ``iter()`` taken with autograd on (an evaluation loop under
+``torch.no_grad()`` is left as it is). Where autotune cannot wrap a loader, the loader is
+observed as it is, and the report says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from feedrate.results.run import AutotuneChange
+from feedrate.running.observer import Replacer, Watch
+
+
+def replacer() -> Replacer:
+    """The ``Registry`` replacer that hands each training loader's epochs to autotune."""
+    from feedrate.loader.init_args import recording
+
+    # Loaders built from now on keep their constructor's arguments: autotune can then build
+    # a subclass with arguments of its own again.
+    _recording.append(recording())
+    _recording[-1].__enter__()
+    return _tuned_epoch
+
+
+_recording: list[Any] = []
+
+
+def _tuned_epoch(
+    watch: Watch, loader: DataLoader[Any], own_iter: Callable[[], Any]
+) -> Iterator[Any] | None:
+    if watch.tuner is None:
+        if watch.autotune is not None or not torch.is_grad_enabled():
+            return None  # autotune refused it before, or an evaluation loop
+        try:
+            from feedrate.autotuning.loader import autotune
+            from feedrate.loader.rebuild import rebuild
+
+            rebuild(loader, watch.config)  # autotune's trial loaders are rebuilt: can they be?
+            watch.tuner = autotune(loader)
+        except Exception as exc:
+            watch.autotune = AutotuneChange(before=watch.config, error=_why(exc))
+            return None
+        watch.autotune = AutotuneChange(before=watch.config)
+    return _guarded(watch, iter(watch.tuner), own_iter)
+
+
+def _guarded(watch: Watch, tuned: Iterator[Any], own_iter: Callable[[], Any]) -> Iterator[Any]:
+    """``tuned``'s batches; if it fails before its first one, the loader's own (autotune is
+    then given up for this loader, and the report says why)."""
+    try:
+        first = next(tuned)
+    except StopIteration:
+        return
+    except Exception as exc:
+        tuner, watch.tuner = watch.tuner, None
+        watch.autotune = AutotuneChange(before=watch.config, error=_why(exc))
+        if tuner is not None:
+            tuner.close()
+        yield from own_iter()
+        return
+    yield first
+    yield from tuned
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def finish(watch: Watch) -> None:
+    """At exit: stop the tuner's workers and note what it changed. The stall after is the
+    loop's own over the last half of its batches (after tuning, when it settled early)."""
+    tuner, change = watch.tuner, watch.autotune
+    if tuner is None or change is None:
+        return
+    try:
+        tuner.close()
+        report = tuner.report()
+        change.after = report.config
+        change.settled = report.settled
+        change.report = report.to_dict()
+        change.started_from = report.started_from
+        own = next((t for t in report.trials if t.config == watch.config), None)
+        change.stall_before = None if own is None else own.stall_fraction
+        change.stall_after = late_stall(watch)
+    except Exception as exc:
+        change.error = f"autotune's report was lost: {exc!r}"
+
+
+def late_stall(watch: Watch) -> float | None:
+    """The stall over the last half of the loop's batches, from its timeline."""
+    half = watch.batches / 2
+    wait = step = 0.0
+    seen = 0
+    for window in reversed(watch.timeline.windows()):
+        wait, step, seen = wait + window.wait_s, step + window.step_s, seen + window.batches
+        if seen >= half:
+            break
+    return wait / (wait + step) if wait + step > 0 else None

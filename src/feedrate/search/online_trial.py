@@ -1,0 +1,168 @@
+"""One online trial of ``autotune`` in progress: per batch the samples delivered, the wait in
+``next()`` and the loop's step after, and its rate and spread when it is done. Workers started
+together deliver in rounds (one batch each, then a gap as long as one worker's batch), so a
+trial is judged on whole rounds: a run of batches inside a burst would read the queue's drain
+rate (hundreds of thousands of samples/s), not the pipeline's. Pure and clock-free: ``now``
+comes in with every call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.processes import ProbeReport
+from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial, probe_fields
+
+#: A trial measures at least this many batches and seconds, after its warm-up batches.
+TRIAL_BATCHES = 12
+TRIAL_S = 0.5
+
+#: A trial whose loop waits more than this share of the time ends after half as many batches.
+STARVED = 0.5
+
+#: Windows an online trial's rate is measured in (for its spread).
+TRIAL_WINDOWS = 4
+
+
+#: A trial measures at least this many whole rounds of its workers' deliveries.
+MIN_ROUNDS = 2
+
+
+def window_rates(
+    samples: list[int],
+    waits: list[float],
+    steps: list[float],
+    windows: int = TRIAL_WINDOWS,
+    round_batches: int = 1,
+) -> list[float]:
+    """Samples/s delivered to the loop in up to ``windows`` equal runs of consecutive batches
+    (at least 3 batches each, or, with ``round_batches`` over 1, whole rounds of that many; a
+    remainder left out): a run's samples over its waits and steps (s). The spread of an online
+    trial is taken over these."""
+    rounds = len(steps) // round_batches
+    if round_batches > 1 and rounds:
+        k = min(windows, rounds)
+        size = rounds // k * round_batches
+    else:
+        k = max(1, min(windows, len(steps) // 3))
+        size = max(1, len(steps) // k)
+    rates = []
+    for i in range(0, size * k, size):
+        span = sum(waits[i : i + size]) + sum(steps[i : i + size])
+        rates.append(sum(samples[i : i + size]) / span if span > 0 else 0.0)
+    return rates
+
+
+@dataclass
+class TrialTiming:
+    """The trial in progress: per batch the samples, the wait in ``next()`` and the step after
+    (s). Its first ``warmup`` batches (made while the lane started) are not measured: the
+    window opens after them (``opened``, at ``began``). It is judged on whole rounds of
+    ``round_batches`` (its worker count) and measures at least ``need`` batches; with
+    ``whole_epoch`` (an epoch too short for a warm-up and whole rounds) it measures one epoch
+    from its start, the wait for the workers included."""
+
+    config: LoaderConfig
+    reason: str
+    warmup: int
+    round_batches: int = 1
+    need: int = TRIAL_BATCHES
+    whole_epoch: bool = False
+    began: float = 0.0
+    started: bool = False
+    opened: bool = False
+    samples: list[int] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
+
+    @classmethod
+    def planned(
+        cls, config: LoaderConfig, reason: str, warmup: int, epoch_length: int | None
+    ) -> TrialTiming:
+        """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them
+        and ``TRIAL_BATCHES``; in epochs of ``epoch_length`` batches (None: unknown) too short
+        for its warm-up and one whole round, one whole epoch instead. A warm-up is rounded up to
+        whole rounds: a window opened inside the first round would count its burst."""
+        rnd = max(1, config.num_workers)
+        if warmup and rnd > 1:
+            warmup = -(-warmup // rnd) * rnd  # whole rounds, so the window opens on a round's end
+        need = max(TRIAL_BATCHES, MIN_ROUNDS * rnd)
+        if epoch_length is not None and warmup + need > epoch_length:
+            fits = (epoch_length - warmup) // rnd
+            if fits < 1:
+                return cls(config, reason, 0, 1, epoch_length, whole_epoch=True)
+            need = fits * rnd
+        return cls(config, reason, warmup, rnd, need)
+
+    @property
+    def measured(self) -> int:
+        return max(0, len(self.steps) - self.warmup)
+
+    @property
+    def aligned(self) -> int:
+        """Measured batches in whole rounds."""
+        return self.measured - self.measured % self.round_batches
+
+    def start(self, now: float) -> None:
+        """Its lane runs from ``now``; with no warm-up the window opens now."""
+        self.started = True
+        if self.warmup == 0:
+            self._open(now)
+
+    def add(self, samples: int, wait: float, step: float, now: float) -> None:
+        self.samples.append(samples)
+        self.waits.append(wait)
+        self.steps.append(step)
+        if len(self.steps) == self.warmup:
+            self._open(now)
+
+    def _open(self, now: float) -> None:
+        self.began, self.opened = now, True
+
+    def done(self, now: float) -> bool:
+        """Enough measured, on a whole round; a loop starved most of the time is judged on
+        half as much, but never on fewer than ``MIN_ROUNDS`` rounds (the verdict is plain, and
+        every batch of it costs training time; the first round after a switch is the slowest)."""
+        m = self.measured
+        if self.whole_epoch:
+            return m >= self.need
+        if m % self.round_batches:
+            return False
+        if m >= self.need and now - self.began >= TRIAL_S:
+            return True
+        least = max(self.need // 2, min(self.need, MIN_ROUNDS * self.round_batches))
+        if m < least or now - self.began < TRIAL_S / 2:
+            return False
+        waited = sum(self.waits[self.warmup :])
+        return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
+
+    def result(self, rate: float | None, processes: ProbeReport | None) -> Trial:
+        """The measured batches, in whole rounds, as a Trial: the rate delivered to the loop
+        (its spread over ``window_rates``), the stall, and what ``processes`` saw. With the
+        consumer's ``rate`` the stall is the larger of the one measured and ``1 - delivered /
+        rate``: a loop slower than ``rate`` never shows whether the loader could keep up."""
+        end = self.warmup + (self.aligned or self.measured)
+        w, s = self.waits[self.warmup : end], self.steps[self.warmup : end]
+        n = self.samples[self.warmup : end]
+        total = sum(w) + sum(s)
+        delivered = sum(n) / total if total > 0 else 0.0
+        stall = sum(w) / total if total > 0 else None
+        if rate is not None and stall is not None:
+            stall = max(stall, 1.0 - delivered / rate)
+        return Trial(
+            config=self.config,
+            reason=self.reason,
+            samples_per_s=delivered,
+            spread=Spread.of_rates(
+                [delivered]  # an epoch timed whole is one figure: its runs would be bursts
+                if self.whole_epoch
+                else window_rates(n, w, s, round_batches=self.round_batches),
+                "mad",
+            ),
+            stall_fraction=stall,
+            batch_bytes=self.batch_bytes,
+            **(probe_fields(processes) if processes is not None else {}),
+        )

@@ -1,0 +1,120 @@
+"""How far latency-bound workers can go in one step. While the rate per worker holds (the last
+step scaled about linearly), the rate, and with it the CPU time, grows with the count, so the
+count that meets a ceiling (the CPUs, the memory, /dev/shm or open-file budget, max_workers)
+is predicted from what was measured: the search goes there instead of doubling its way up.
+Pure functions over measured trials."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from feedrate.results.trial import Trial
+from feedrate.search.space import (
+    FDS_BASE,
+    FDS_PER_BATCH,
+    FDS_PER_WORKER,
+    SHM_HEADROOM,
+    Space,
+    series,
+)
+
+#: The share of the usable CPUs a step's projected CPU time may fill.
+CPU_CEILING = 0.85
+
+#: A step scaled about linearly when its rate grew by at least this share of the workers' ratio.
+LINEAR = 0.8
+
+#: One step multiplies the workers by at most this (a projection from few workers is rough).
+MAX_FACTOR = 16
+
+#: A ceiling within this factor of the workers tried is reached: no step up is worth a trial.
+NEAR = 1.25
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The count at which the first budget would be met, and that budget in words."""
+
+    workers: int
+    what: str
+
+
+def lower_neighbour(space: Space, trials: list[Trial], top: Trial) -> Trial | None:
+    """The measured processes-only trial with the most workers below ``top``'s, no workers
+    included (the main process fetching alone counts as one worker)."""
+    w = top.config.num_workers
+    lower = [t for t in series(space, trials) if t.config.num_workers < w]
+    return max(lower, key=lambda t: t.config.num_workers, default=None)
+
+
+def scaled_linearly(top: Trial, prev: Trial | None) -> bool:
+    """From ``prev`` to ``top`` the rate grew about as much as the workers (no workers counts
+    as one); without ``prev``, nothing says so."""
+    if prev is None or prev.median <= 0:
+        return False
+    ratio = top.config.num_workers / max(1, prev.config.num_workers)
+    return top.median / prev.median >= LINEAR * ratio
+
+
+def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) -> Ceiling:
+    """The worker count, at ``top``'s other settings, whose projected use first meets a
+    ceiling: its CPU time (main process and workers, growing with the rate) at
+    ``CPU_CEILING`` of the usable CPUs (unless ``cpu`` is False), the memory budget (per
+    worker as measured), the /dev/shm budget (batches in flight), the open-file budget, or
+    ``max_workers``."""
+    w = top.config.num_workers
+    pf = top.config.prefetch_factor or 2
+    found = [Ceiling(space.max_workers, f"max_workers={space.max_workers}")]
+    own = top.main_cpu + top.workers_cpu
+    if cpu and own > 0:
+        n = math.floor(w * CPU_CEILING * space.cpus / own)
+        found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {space.cpus} usable CPUs"))
+    measured = [t for t in trials if t.measured]
+    per_worker = max((t.worker_uss_max_bytes or 0 for t in measured), default=0)
+    main = max((t.main_uss_bytes or 0 for t in measured), default=0)
+    if space.memory_budget is not None and per_worker:
+        n = (space.memory_budget - main) // per_worker
+        found.append(Ceiling(n, f"the memory budget ({per_worker / 2**20:.0f} MiB per worker)"))
+    batch = max((t.batch_bytes or 0 for t in measured), default=0)
+    if space.shm_budget is not None and batch:
+        n = int(space.shm_budget // (batch * pf * SHM_HEADROOM))
+        found.append(Ceiling(n, "the /dev/shm budget"))
+    if space.fd_budget is not None:
+        n = (space.fd_budget - FDS_BASE) // (FDS_PER_WORKER + pf * FDS_PER_BATCH)
+        found.append(Ceiling(n, "the open-file budget"))
+    return min(found, key=lambda c: c.workers)
+
+
+def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | None:
+    """The next worker count for latency-bound ``top`` and why. Where the last step scaled
+    linearly: the count that meets the first ceiling (at most ``MAX_FACTOR`` times ``top``'s);
+    once the projected CPU ceiling is reached, twice the workers (workers that still mostly wait
+    leave gaps on the CPUs, and the noise check stops the climb where the gain ends). Where it
+    did not: twice the workers, unless the step was longer than a doubling (then the peak lies
+    below it, for the bisection). Never past a hard ceiling (memory, /dev/shm, open files,
+    ``max_workers``); None once one is reached."""
+    w = top.config.num_workers
+    prev = lower_neighbour(space, trials, top)
+    hard = ceiling(space, trials, top, cpu=False)
+    if hard.workers < w * NEAR:
+        return None
+    if not scaled_linearly(top, prev):
+        if prev is not None and w > 2 * max(1, prev.config.num_workers):
+            return None  # a long step that bent: the peak lies below it (bisected there)
+        return min(2 * w, hard.workers), "twice the workers overlap more waits"
+    assert prev is not None
+    gained = top.median / prev.median
+    limit = ceiling(space, trials, top)
+    if limit.workers < w * NEAR:
+        return min(2 * w, hard.workers), (
+            f"the rate grew ×{gained:.1f} from {prev.config.num_workers} workers and the CPU "
+            "time projects the CPUs busy: twice the workers, while the gain beats the noise"
+        )
+    n = min(limit.workers, MAX_FACTOR * w)
+    aim = f"meet {limit.what}" if n == limit.workers else f"head for {limit.what}"
+    why = (
+        f"the rate grew ×{gained:.1f} from {prev.config.num_workers} workers: at that rate per "
+        f"worker, {n} workers {aim}"
+    )
+    return n, why

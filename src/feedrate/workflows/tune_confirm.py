@@ -1,0 +1,114 @@
+"""After tune's search, before its answer: the trials the answer rests on measured again, side
+by side. Trials that ran while other processes took the CPUs are measured again (their figure
+is the machine's load, not the pipeline); the leader is measured with its closest rival and
+your settings, interleaved, windows pooled; and where the cheapest configuration within the
+noise of the fastest is more than ``NOISE_FLOOR`` slower, both are measured again, in turn,
+until the gap is resolved (``search.space.outpaced``) or the budget runs out.
+
+Orchestration only: ``search`` decides (``choose``, ``contended``, ``beats``), the caller's
+``trial`` measures.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from feedrate.loader.config import LoaderConfig
+from feedrate.results.trial import Trial
+from feedrate.search.propose import choose
+from feedrate.search.space import (
+    NOISE_FLOOR,
+    RESOLVED_REPEATS,
+    Space,
+    contended,
+    eligible,
+    fastest,
+)
+
+#: Rivals within this share of the leader are measured again before the answer is given.
+CONFIRM_WITHIN = 0.15
+
+#: Of the fastest trials, this many are measured again when others' load fell on them.
+CONTENDED_LEADERS = 3
+
+
+class Measures(Protocol):
+    """What these steps need of a search: its space and trials, a way to measure one more
+    trial, and whether the budget leaves room for it."""
+
+    space: Space
+    trials: list[Trial]
+
+    def trial(
+        self, config: LoaderConfig, why: str, *, fatal: bool = False, record: bool = True
+    ) -> Trial: ...
+
+    def room(self) -> bool: ...
+
+
+def again_where_contended(s: Measures, baseline: Trial) -> None:
+    """The fastest trials, the answer so far and your settings, where others kept CPUs busy
+    while they ran: measured again; a quiet repeat replaces the figure, a busy one is pooled
+    with it (the answer then says it rests on a loaded machine)."""
+    cpus = s.space.cpus
+    ranked = sorted((t for t in s.trials if t.measured), key=lambda t: -t.median)
+    pick = choose(s.space, s.trials)
+    seen: set[int] = set()
+    for t in [*ranked[:CONTENDED_LEADERS], *([pick] if pick else []), baseline]:
+        if id(t) in seen or not t.measured or not contended(t, cpus):
+            continue
+        seen.add(id(t))
+        if not s.room():
+            return
+        again = s.trial(t.config, "measured again: other processes were busy", record=False)
+        if not again.measured:
+            continue
+        if contended(again, cpus):
+            t.pool(again)
+        else:
+            t.take(again)
+
+
+def confirm(s: Measures, baseline: Trial) -> None:
+    """Measure the leader again, with its closest rival and your settings, interleaved, and
+    pool the windows: one lucky window should not pick the answer, and the speed-up over
+    your settings should compare measurements taken side by side. When pooling changes the
+    leader, the new one is measured again too (at most twice more), within the budget."""
+    again: set[int] = set()
+    for round_ in range(3):
+        best = choose(s.space, s.trials)
+        if best is None or id(best) in again:
+            return
+        group = [best]
+        if round_ == 0:
+            rivals = sorted(
+                (t for t in s.trials if t.measured and t is not best and t is not baseline),
+                key=lambda t: -t.median,
+            )
+            group += [t for t in rivals[:1] if t.median >= best.median * (1 - CONFIRM_WITHIN)]
+            group.append(baseline)
+        for t in group:
+            if id(t) in again:
+                continue
+            if not s.room():
+                return
+            t.pool(s.trial(t.config, "measured again, side by side", record=False))
+            again.add(id(t))
+
+
+def resolve(s: Measures) -> None:
+    """While the answer (the cheapest within the noise of the fastest) is more than
+    ``NOISE_FLOOR`` slower than the fastest: measure the two again, the one with fewer repeats
+    first, until both have ``RESOLVED_REPEATS`` (then ``choose`` takes a gap past the floor
+    as real) or the fastest beats it outright, within the budget."""
+    for _ in range(4 * RESOLVED_REPEATS):
+        top, pick = fastest(eligible(s.space, s.trials)), choose(s.space, s.trials)
+        if top is None or pick is None or pick is top:
+            return
+        if top.median <= pick.median * (1 + NOISE_FLOOR):
+            return  # the gap is within the floor: the cheaper one is as good
+        behind = min((pick, top), key=lambda t: t.repeats)
+        if behind.repeats >= RESOLVED_REPEATS or not s.room():
+            return
+        why = f"measured again: within the noise of {top.config.label()}, the fastest"
+        behind.pool(s.trial(behind.config, why, record=False))

@@ -1,0 +1,146 @@
+"""accelerate's prepared loaders: the DataLoader inside is tuned and put in its place, a
+two-epoch loop trains on it, and dispatch_batches is named for what it costs."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate.integrations import loader_from
+
+accelerate = pytest.importorskip(
+    "accelerate", reason="accelerate is not installed (feedrate[accelerate])"
+)
+
+from feedrate.integrations.accelerate import dispatch_note, tune_prepared  # noqa: E402
+
+from pipelines import SleepDataset  # noqa: E402
+
+N, BATCH, SLEEP_S = 64, 8, 0.005
+TUNE = {"budget_s": 8.0, "max_workers": 2}
+
+
+@pytest.fixture(autouse=True)
+def end_workers() -> Iterator[None]:
+    """Persistent workers outlive the loop until their loader goes: end them after the test
+    even when a failed assertion keeps the loader alive in its traceback (the leak check
+    would kill them under the loader, which then raises in the middle of the report)."""
+    yield
+    for obj in gc.get_objects():
+        if issubclass(type(obj), DataLoader) and obj._iterator is not None:
+            obj._iterator = None  # its iterator's __del__ shuts the workers down
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEEDRATE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def prepared(**config: Any) -> tuple[Any, Any, Any]:
+    acc = accelerate.Accelerator(
+        cpu=True, dataloader_config=accelerate.DataLoaderConfiguration(**config)
+    )
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SleepDataset(N, SLEEP_S), batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    return acc, (model, optimizer), loader
+
+
+def test_the_prepared_loader_trains_two_epochs_on_the_tuned_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    acc, (model, optimizer), loader = prepared()
+    inner = loader_from(loader)
+    assert inner is not None and type(inner) is DataLoader and inner.num_workers == 0
+    result = tune_prepared(acc, loader, **TUNE)
+    assert result.best.config.num_workers > 0
+    tuned = loader.base_dataloader
+    assert tuned is not inner and tuned.dataset is inner.dataset
+    out = [line for line in capsys.readouterr().out.splitlines() if "feedrate" in line]
+    assert out == [
+        f"feedrate: DataLoader(num_workers={result.best.config.num_workers}, "
+        f"prefetch_factor={result.best.config.prefetch_factor}, "
+        f"persistent_workers={result.best.config.persistent_workers}, "
+        f"pin_memory={result.best.config.pin_memory}) ({out[0].split(' (', 1)[1]}"
+    ]
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen: list[int] = []
+        for batch in loader:
+            assert feedrate.config_of(loader.base_dataloader) == result.best.config
+            seen += batch[:, 0].long().tolist()  # SleepDataset's sample i is full of i
+            loss = model(batch).pow(2).mean()
+            acc.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        assert sorted(seen) == list(range(N))  # every sample once an epoch
+
+
+def test_dispatch_batches_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    acc, _, loader = prepared(dispatch_batches=True)
+    assert type(loader).__name__ == "DataLoaderDispatcher"
+    note = dispatch_note(loader, 4)
+    assert note is not None and "(4 here)" in note and "deliver 4×" in note
+    assert dispatch_note(prepared()[2], 4) is None
+    tune_prepared(acc, loader, **TUNE)
+    out = capsys.readouterr().out
+    assert (
+        "feedrate: dispatch_batches=True: the main process loads the batches of every process"
+        in out
+    )
+
+
+def test_only_prepared_loaders_are_taken() -> None:
+    acc = accelerate.Accelerator(cpu=True)
+    with pytest.raises(feedrate.UserError, match=r"Accelerator\.prepare"):
+        tune_prepared(acc, DataLoader(SleepDataset(8, 0.0)))
+
+
+SCRIPT = """
+import sys
+import accelerate, feedrate
+from torch.utils.data import DataLoader
+from pipelines import SleepDataset
+from feedrate.integrations.accelerate import tune_prepared
+
+acc = accelerate.Accelerator(cpu=True)
+loader = acc.prepare(DataLoader(SleepDataset(64, 0.005), batch_size=8, shuffle=True))
+result = tune_prepared(acc, loader, budget_s=8, max_workers=2)
+for epoch in range(2):
+    loader.set_epoch(epoch)
+    seen = [i for batch in loader for i in batch[:, 0].long().tolist()]
+    print(f"rank {acc.process_index} epoch {epoch}: {seen}", flush=True)
+label = feedrate.config_of(loader.base_dataloader).label()
+told = f"{result.best.config.label()} after {result.search_seconds!r} s"  # one search, not two
+print(f"rank {acc.process_index} on {label}, told {told}", flush=True)
+"""
+
+
+def test_two_processes_train_on_the_main_process_s_answer(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT, encoding="utf-8")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"]
+    done = subprocess.run(run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=100)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-2000:]
+    assert len([line for line in out.splitlines() if line.startswith("feedrate:")]) == 1
+    settled = re.findall(r"rank (\d) on (.+), told (.+) after (.+) s", out)
+    assert len(settled) == 2 and len({s[1:] for s in settled}) == 1
+    assert settled[0][1] == settled[0][2]  # trained on what the main process found
+    for epoch in "01":
+        shards = re.findall(rf"rank \d epoch {epoch}: \[(.*)\]", out)
+        ids = [int(i) for shard in shards for i in shard.split(", ")]
+        assert sorted(ids) == list(range(N))  # the two shards make the epoch, once each

@@ -1,0 +1,59 @@
+"""Hugging Face ``datasets``: an ``IterableDataset`` of several shards, shuffled with a seed
+(the library reseeds that generator in every worker: no ``shared-rng``), batched by the
+library (``.batch(16)`` with ``batch_size=None``), told its epoch through ``set_epoch``; built in
+memory, no hub."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from library_data import N, epoch_ids, hf_dataset, none_left
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate.loader.batches import sample_counter
+from feedrate.workflows import doctor as doctoring
+
+pytest.importorskip("datasets", reason="datasets is not installed")
+
+
+def stream(shards: int = 4) -> Any:
+    iterable = hf_dataset().to_iterable_dataset(num_shards=shards)
+    return iterable.shuffle(seed=3, buffer_size=40).with_format("torch")
+
+
+def test_a_seeded_shuffle_is_not_a_shared_generator() -> None:
+    loader = DataLoader(stream(), batch_size=16, num_workers=2)
+    report = doctoring.doctor(loader, checks=["shared-rng"])
+    assert report.finding("shared-rng") is None
+    assert {r.name: r.status for r in report.checks}["workers"] == "ok"
+
+
+def test_autotune_every_sample_once_and_the_epoch_reaches_the_dataset() -> None:
+    ds = stream()
+    with feedrate.autotune(DataLoader(ds, batch_size=16), cache=False, budget_s=2) as auto:
+        assert auto.config.num_workers > 0  # shards go to workers in turn: no probe needed
+        orders = []
+        for epoch in range(2):
+            auto.set_epoch(epoch)
+            assert ds.epoch == epoch
+            orders.append(epoch_ids(auto, step_s=0.002))
+            assert Counter(orders[-1]) == Counter(range(N))
+        assert orders[0] != orders[1]  # the epoch reshuffled
+    assert none_left()
+
+
+def test_items_batched_by_the_library_count_their_samples() -> None:
+    loader = DataLoader(hf_dataset().to_iterable_dataset().batch(16), batch_size=None)
+    count = sample_counter(loader)
+    assert [count(item) for item in loader] == [16] * (N // 16)
+
+
+def test_the_tuned_answer_yields_every_sample_once() -> None:
+    result = feedrate.tune(
+        DataLoader(stream(), batch_size=16), budget_s=6, trial_seconds=0.4, use_cache=False
+    )
+    assert Counter(epoch_ids(result.loader())) == Counter(range(N))
+    assert none_left()

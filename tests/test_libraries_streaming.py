@@ -1,0 +1,96 @@
+"""MosaicML streaming: ``StreamingDataset`` (which takes file locks and shared memory when first
+iterated, and counts its epochs) behind its ``StreamingDataLoader`` (a generator ``__iter__``),
+on MDS shards written in ``tmp_path``: autotune neither uses up an epoch probing nor iterates
+the dataset before forking workers, every sample once per epoch, the epochs' shuffles as
+without feedrate, workers gone after ``close()``; a factory TARGET gets a fresh loader per
+doctor run."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from library_data import N, epoch_ids, none_left, stub_unloadable_torchvision, write_mds
+
+import feedrate
+from feedrate.workflows import doctor as doctoring
+
+stub_unloadable_torchvision()
+streaming = pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")
+
+
+MADE: list[Any] = []
+
+
+def make(root: Path, workers: int = 0) -> Any:
+    ds = streaming.StreamingDataset(local=str(root), batch_size=16, shuffle=True, shuffle_seed=3)
+    MADE.append(ds)
+    return streaming.StreamingDataLoader(ds, batch_size=16, num_workers=workers)
+
+
+@pytest.fixture(autouse=True)
+def end_dataset_threads() -> Iterator[None]:
+    """A StreamingDataset iterated in this process (a trial without workers) keeps a pool of
+    threads that download ahead until it is collected; end them, as the end of training would."""
+    yield
+    for ds in MADE:
+        it = getattr(ds, "_iterator", None)
+        if it is not None:
+            it.non_blocking_exit()
+        executor = getattr(ds, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=True)
+    MADE.clear()
+
+
+def test_autotune_keeps_the_epochs_order_and_every_sample_once(tmp_path: Path) -> None:
+    root = write_mds(tmp_path / "mds")
+    plain = make(root, workers=2)
+    want = [epoch_ids(plain) for _ in range(2)]
+    with feedrate.autotune(make(root), cache=False, budget_s=2) as auto:
+        got = [epoch_ids(auto, step_s=0.002) for _ in range(2)]
+        assert auto.config.num_workers > 0  # streaming partitions by worker: no probe
+    assert got == want  # no epoch used up by a probe: epoch k is epoch k
+    assert none_left()
+
+
+def test_the_tuned_answer_yields_every_sample_once(tmp_path: Path) -> None:
+    root = write_mds(tmp_path / "mds")
+    result = feedrate.tune(make(root), budget_s=6, trial_seconds=0.4, use_cache=False)
+    assert Counter(epoch_ids(result.loader())) == Counter(range(N))
+    assert none_left()
+
+
+def test_state_dict_is_the_streaming_loaders(tmp_path: Path) -> None:
+    with feedrate.autotune(make(write_mds(tmp_path / "mds")), cache=False, budget_s=2) as auto:
+        it = iter(auto)
+        for _ in range(3):
+            next(it)
+        state = auto.state_dict()
+    assert state["sample_in_epoch"] == 48 and state["epoch"] == 0
+
+
+def test_the_doctor_builds_a_fresh_loader_for_each_run(tmp_path: Path) -> None:
+    root = write_mds(tmp_path / "mds")
+    built = []
+
+    def factory() -> Any:
+        built.append(make(root, workers=2))
+        return built[-1]
+
+    report = doctoring.doctor(factory, checks=["too-few-workers", "shm-too-small"])
+    assert report.pipeline_error is None and len(built) >= 3
+    assert {r.name: r.status for r in report.checks}["batch"] == "ok"
+
+
+def test_the_doctor_leaves_a_reused_dataset_unbroken(tmp_path: Path) -> None:
+    # One loader object for every run: no batch is made in this process before workers fork.
+    report = doctoring.doctor(
+        make(write_mds(tmp_path / "mds"), workers=2), checks=["shm-too-small"]
+    )
+    batch = {r.name: r for r in report.checks}["batch"]
+    assert batch.status == "skipped" and "file locks" in batch.detail
+    assert report.pipeline_error is None

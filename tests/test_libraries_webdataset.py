@@ -1,0 +1,99 @@
+"""webdataset, as its users write it: shards split by worker (the default), a stream that is
+not (``workersplitter=None``) with a random crop, items batched in the pipeline
+(``.batched(16)`` with ``batch_size=None``), ``wds.WebLoader`` with stages after its
+DataLoader, and resampled shards with ``.with_epoch(n)``. Tar shards written in ``tmp_path``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from library_data import N, epoch_ids, none_left, random_crop, write_tars
+from torch.utils.data import DataLoader
+
+import feedrate
+from feedrate.loader.batches import sample_counter
+from feedrate.loader.target import load_target
+from feedrate.workflows import doctor as doctoring
+
+wds = pytest.importorskip("webdataset", reason="webdataset is not installed")
+
+
+def pipeline(urls: str, **kwargs: Any) -> Any:
+    return wds.WebDataset(urls, shardshuffle=False, empty_check=False, **kwargs).decode()
+
+
+def test_a_stream_not_split_by_worker_is_found_despite_random_crops(tmp_path: Path) -> None:
+    # Every worker reads every shard; the crops differ, the keys do not.
+    ds = pipeline(write_tars(tmp_path), workersplitter=None).map(random_crop)
+    loader = DataLoader(ds.to_tuple("npy", "cls", "id"), batch_size=16)
+    report = doctoring.doctor(loader, checks=["iterable-duplicates"], trial_seconds=0.5)
+    found = report.finding("iterable-duplicates")
+    assert found is not None and "same ids, keys or labels" in found.message
+    with feedrate.autotune(loader, cache=False, budget_s=2) as auto:
+        for _ in range(2):
+            assert sorted(epoch_ids(auto)) == list(range(N))  # never a worker added
+        assert auto.config.num_workers == 0 and auto.report().settled
+    assert none_left()
+
+
+def test_split_shards_arrive_once_per_epoch_under_autotune(tmp_path: Path) -> None:
+    ds = pipeline(write_tars(tmp_path)).map(random_crop).to_tuple("npy", "id")
+    with feedrate.autotune(DataLoader(ds, batch_size=16), cache=False, budget_s=2) as auto:
+        assert auto.config.num_workers > 0  # the library splits by worker: no probe needed
+        for _ in range(3):
+            assert sorted(epoch_ids(auto, step_s=0.002)) == list(range(N))
+    assert none_left()
+
+
+def test_items_batched_in_the_pipeline_count_their_samples(tmp_path: Path) -> None:
+    ds = pipeline(write_tars(tmp_path)).to_tuple("npy", "cls", "id").batched(16)
+    loader = DataLoader(ds, batch_size=None)
+    count = sample_counter(loader)
+    assert [count(item) for item in loader] == [16] * (N // 16)
+    m = feedrate.measure(loader, seconds=0.3, windows_count=1)
+    assert m.samples_per_s == pytest.approx(16 * m.batches_per_s)
+
+
+def test_the_tuned_answer_yields_every_sample_once(tmp_path: Path) -> None:
+    ds = pipeline(write_tars(tmp_path)).to_tuple("npy", "id").batched(16)
+    result = feedrate.tune(
+        DataLoader(ds, batch_size=None), budget_s=6, trial_seconds=0.4, use_cache=False
+    )
+    tuned = result.loader()
+    assert Counter(epoch_ids(tuned)) == Counter(range(N))
+    assert none_left()
+
+
+def test_a_webloader_is_tuned_inside_and_keeps_its_stages(tmp_path: Path) -> None:
+    urls = write_tars(tmp_path)
+    target = tmp_path / "pipe.py"
+    target.write_text(
+        "import webdataset as wds\n"
+        f"ds = wds.WebDataset({urls!r}, shardshuffle=False).decode().to_tuple('npy', 'id')\n"
+        "loader = wds.WebLoader(ds.batched(16), batch_size=None, num_workers=2)"
+        ".unbatched().batched(12)\n"
+    )
+    inner = load_target(f"{target}:loader")
+    assert type(inner) is DataLoader and inner.num_workers == 2
+    from feedrate.loader.code import code_line
+
+    assert code_line(inner, feedrate.config_of(inner)).startswith("WebLoader(dataset,")
+    web = wds.WebLoader(pipeline(urls).to_tuple("npy", "id").batched(16), batch_size=None)
+    with feedrate.autotune(web.unbatched().batched(12), cache=False, budget_s=2) as auto:
+        for _ in range(2):
+            batches = list(auto)
+            assert {len(b[1]) for b in batches} == {12}  # the stages after it ran
+            assert sorted(i for b in batches for i in b[1].tolist()) == list(range(N))
+    assert none_left()
+
+
+def test_resampled_shards_with_epoch_say_the_epoch_grows_with_workers(tmp_path: Path) -> None:
+    ds = wds.WebDataset(write_tars(tmp_path), resampled=True).decode().with_epoch(50)
+    loader = DataLoader(ds.to_tuple("npy", "id"), batch_size=10, num_workers=2)
+    report = doctoring.doctor(loader, checks=["epoch-per-worker"])
+    found = report.finding("epoch-per-worker")
+    assert found is not None and "100 with your num_workers=2" in found.message
+    assert "WebLoader(dataset, ...).with_epoch" in found.fix

@@ -1,0 +1,215 @@
+"""``feedrate run`` end to end, as a user runs it: the script's own output, arguments and exit
+status; the loaders found with where they were built and what they delivered, counted exactly;
+a starved loop against a fed one (sleeps with a large margin, so a busy machine cannot flip
+them); a crash, Ctrl-C, bad input; torchrun's ranks gathered; --autotune's batches unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from faults import start_cli
+
+SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
+TRAIN = SCRIPTS / "train.py"
+
+
+def line_of(path: Path, text: str) -> int:
+    """The 1-based line of ``path`` where ``text`` first appears."""
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if text in ln)
+
+
+def feedrate_run(*args: str, cwd: Path = SCRIPTS, env: dict[str, str] | None = None) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "feedrate", "run", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_the_script_keeps_its_output_argv_main_and_exit_status(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    page = tmp_path / "run.html"
+    args = ["--batches", "3", "--epochs", "2", "--exit", "7", "--print-batches"]
+    done = feedrate_run("--json", str(out), "--html", str(page), "train.py", *args)
+    assert done.returncode == 7, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"argv={['train.py', *args]!r} name=__main__"
+    assert lines[1:4] == [f"batch {[float(i) for i in range(4 * b, 4 * b + 4)]}" for b in range(3)]
+    assert "feedrate" not in done.stdout  # the report goes to stderr
+    assert done.stderr.startswith("done\n")  # the script's own stderr comes first
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "feedrate.run/1" and doc["exit_code"] == 7
+    assert doc["command"] == ["train.py", *args]
+    (loader,) = doc["loaders"]
+    assert loader["created_at"] == f"train.py:{line_of(TRAIN, 'loader = DataLoader(')}"
+    assert (loader["batches"], loader["samples"], loader["epochs"]) == (6, 24, 2)
+    assert (loader["config"]["num_workers"], loader["config"]["pin_memory"]) == (0, False)
+    for key in ("wait_s", "step_s", "stall", "timeline", "startup_s", "next_step", "findings"):
+        assert key in loader
+    assert sum(w["batches"] for w in loader["timeline"]) == 6
+    assert len(loader["epoch_restart_s"]) == 1
+    assert "<img" in page.read_text()
+
+
+def test_a_starved_loop_stalls_and_a_fed_one_is_told_plainly(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    done = feedrate_run("--json", str(out), "two_loaders.py")
+    assert done.returncode == 0, done.stderr
+    by_name = {ld["name"].rpartition(":")[2]: ld for ld in json.loads(out.read_text())["loaders"]}
+    starved, fed = by_name["starved"], by_name["fed"]
+    assert starved["stall"] > 0.5 and fed["stall"] < 0.2
+    assert (starved["batches"], starved["samples"], fed["batches"]) == (8, 32, 8)
+    assert fed["bottleneck"] == "consumer"
+    assert "model is the bottleneck" in fed["next_step"][0]
+    assert starved["bottleneck"] != "consumer"
+    assert any(f["id"] == "data-stall" for f in starved["findings"])
+    assert any("feedrate tune two_loaders.py:starved" in s for s in starved["next_step"])
+    assert "training waits on data" in done.stderr
+
+
+def test_an_evaluation_loader_is_shown_apart(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    done = feedrate_run("--json", str(out), "-m", "train", "--batches", "6", "--eval", "2")
+    assert done.returncode == 0, done.stderr
+    assert "name=__main__" in done.stdout
+    roles = {
+        ld["created_at"].rpartition(":")[2]: ld["role"]
+        for ld in json.loads(out.read_text())["loaders"]
+    }
+    assert roles == {
+        str(line_of(TRAIN, "loader = DataLoader(")): "train",
+        str(line_of(TRAIN, "val = DataLoader(")): "eval",
+    }
+    assert "eval loader" in done.stderr
+
+
+def test_a_crash_keeps_the_scripts_traceback_first_and_its_exit_status() -> None:
+    done = feedrate_run("train.py", "--batches", "2", "--crash")
+    assert done.returncode == 1
+    assert done.stderr.startswith("Traceback (most recent call last):")
+    error = done.stderr.index("RuntimeError: the script's own failure")
+    assert error < done.stderr.index("feedrate run")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "no script or command given"),
+        (("missing.py",), "no such script: missing.py"),
+        (("-m", "no_such_module.here"), "no module named 'no_such_module.here'"),
+        (("no-such-command-anywhere",), "no such script or command"),
+    ],
+    ids=["no script", "missing file", "missing module", "missing command"],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
+    done = feedrate_run(*args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("feedrate: error: ")
+    assert message in done.stderr
+
+
+def test_ctrl_c_exits_130_and_leaves_no_process() -> None:
+    proc = start_cli("run", str(TRAIN), "--hang", "--workers", "2", "--batches", "4")
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while "hanging" not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None
+    kids = psutil.Process(proc.pid).children(recursive=True)
+    assert len(kids) >= 3  # the script and its two workers
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "KeyboardInterrupt" in err and "interrupted" in err
+    time.sleep(0.2)
+    alive = [k.pid for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+
+
+def _torchrun() -> str | None:
+    from feedrate.running.launch import found_command
+
+    return found_command("torchrun")
+
+
+@pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed here")
+def test_torchrun_ranks_are_followed_and_gathered(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = feedrate_run(
+        "--json", str(out), "--", "torchrun", "--nproc_per_node=2", "ddp.py", env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 done" in done.stdout and "rank 1 done" in done.stdout
+    doc = json.loads(out.read_text())
+    ranks = sorted((ld["rank"], ld["batches"], ld["samples"]) for ld in doc["loaders"])
+    assert ranks == [(0, 32, 128), (1, 32, 128)], done.stderr
+    assert {p["world_size"] for p in doc["processes"]} == {2}
+
+
+def test_autotune_yields_the_same_batches_in_the_same_order(tmp_path: Path) -> None:
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["train.py", "--batches", "60", "--data-s", "0.02", "--step-s", "0.01"]
+    args += ["--shuffle", "--print-batches"]
+    plain = feedrate_run(*args, env=env)
+    out = tmp_path / "run.json"
+    tuned = feedrate_run("--autotune", "--json", str(out), *args, env=env)
+    assert plain.returncode == tuned.returncode == 0, tuned.stderr
+    batches = [ln for ln in plain.stdout.splitlines() if ln.startswith("batch")]
+    assert len(batches) == 60 and len(set(batches)) == 60
+    assert [ln for ln in tuned.stdout.splitlines() if ln.startswith("batch")] == batches
+    (loader,) = json.loads(out.read_text())["loaders"]
+    change = loader["autotune"]
+    assert change is not None and change["error"] is None and change["report"]["trials"]
+    assert (loader["batches"], loader["samples"]) == (60, 240)
+
+
+def test_autotune_falls_back_to_observing_a_loader_it_cannot_wrap(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    done = feedrate_run("--autotune", "--json", str(out), "fixed_loader.py", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "samples 40\n"
+    (loader,) = json.loads(out.read_text())["loaders"]
+    assert (loader["batches"], loader["samples"]) == (10, 40)
+    assert "cannot rebuild Fixed" in loader["autotune"]["error"]
+    assert "autotune could not wrap it" in done.stderr
+
+
+def test_sigterm_is_passed_on_and_the_report_still_comes(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    proc = start_cli("run", "--json", str(out), str(TRAIN), "--hang", "--batches", "4")
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while "hanging" not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True and doc["exit_code"] == 143
+    (loader,) = doc["loaders"]
+    assert loader["batches"] == 1  # written by the script's process as SIGTERM ended it
+
+
+def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text("print('the user sitecustomize', flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = tmp_path / "run.json"
+    done = feedrate_run("--json", str(out), "train.py", "--batches", "2", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "the user sitecustomize"
+    assert json.loads(out.read_text())["loaders"][0]["batches"] == 2

@@ -1,0 +1,224 @@
+"""``feedrate run``'s parts without running a script: the observer's accounting driven by
+given clock readings, the timeline, the rules (roles, bottleneck, workers needed, next step,
+verdict), the report's JSON round trip and its rendering."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from typing import Any
+
+import torch
+from rich.console import Console
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.dataloader import _SingleProcessDataLoaderIter
+
+from feedrate.checks import stall as rules
+from feedrate.loader.config import LoaderConfig
+from feedrate.render.run import render_html, run_report, sparkline
+from feedrate.results.run import AutotuneChange, LoaderRun, ProcessRun, RunReport, Window
+from feedrate.running.launch import command_of, module_found
+from feedrate.running.observer import ObservedIterator, Registry, Watch, install
+from feedrate.running.timeline import Timeline
+
+
+def _loader(n: int = 12) -> DataLoader[Any]:
+    return DataLoader(TensorDataset(torch.arange(float(n))), batch_size=4)
+
+
+# --- the observer, on given clock readings ----------------------------------------------------
+
+
+def test_a_watch_splits_wait_from_step_and_counts_start_up_and_restarts() -> None:
+    watch = Watch(_loader(), "train.py:3", "__main__", origin=0.0)
+    batch = [torch.zeros(4)]
+    watch.new_epoch(10.0)
+    watch.took(batch, 10.0, 10.5, cpu=0.1)  # first batch: waited from iter(), 0.5 s
+    watch.took(batch, 10.7, 10.8, cpu=0.0)  # stepped 0.2 s, waited 0.1 s
+    watch.ran_out(11.0)  # the last step, 0.2 s
+    watch.new_epoch(20.0)  # the 9 s between epochs belong to no loop
+    watch.took(batch, 20.0, 20.3, cpu=0.0)
+    run = watch.result(pid=1, rank=None)
+    assert (run.epochs, run.batches, run.samples) == (2, 3, 12)
+    assert run.startup_s == 0.5 and run.epoch_restart_s == [0.30000000000000071]
+    assert abs(run.wait_s - 0.9) < 1e-9 and abs(run.step_s - 0.4) < 1e-9
+    assert run.stall is not None and abs(run.stall - 0.9 / 1.3) < 1e-9
+    assert sum(w.batches for w in run.timeline) == 3
+
+
+def test_the_observer_finds_the_users_line_and_skips_feedrates_own_loaders() -> None:
+    class Mine(DataLoader[Any]):
+        def __init__(self, dataset: Any, **kwargs: Any) -> None:
+            super().__init__(dataset, **kwargs)
+
+    registry = Registry(origin=0.0)
+    install(registry, Mine)
+    line = sys._getframe().f_lineno + 1
+    loader = Mine(TensorDataset(torch.arange(12.0)), batch_size=4)
+    (watch,) = registry.watches
+    assert watch.site.endswith(f"test_run_rules.py:{line}")
+    # The signature stays the class's own (frameworks read it to build a loader again).
+    assert list(inspect.signature(Mine.__init__).parameters) == ["self", "dataset", "kwargs"]
+    it = iter(loader)
+    assert isinstance(it, ObservedIterator) and len(it) == 3
+    assert isinstance(it, _SingleProcessDataLoaderIter)  # as frameworks check it
+    assert [b[0].tolist() for b in it] == [[0.0, 1.0, 2.0, 3.0], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert (watch.batches, watch.samples, watch.epochs) == (3, 12, 1)
+    from feedrate.loader.rebuild import rebuild
+
+    rebuild(loader, LoaderConfig(num_workers=0))  # built inside feedrate: not watched
+    assert len(registry.watches) == 1
+
+
+def test_a_loader_built_again_every_epoch_is_one_loader() -> None:
+    class Again(DataLoader[Any]):
+        pass
+
+    registry = Registry(origin=0.0)
+    install(registry, Again)
+    data = TensorDataset(torch.arange(8.0))
+    for _epoch in range(3):
+        loader = Again(data, batch_size=4)
+        assert sum(1 for _ in loader) == 2
+    other = Again(TensorDataset(torch.arange(8.0)), batch_size=4)  # another dataset: apart
+    assert len(list(other)) == 2
+    first, second = registry.watches
+    assert (first.epochs, first.batches, len(first.restarts)) == (3, 6, 2)
+    assert (second.epochs, second.batches) == (1, 2)
+
+
+def test_the_timeline_keeps_a_bounded_number_of_windows() -> None:
+    line = Timeline(origin=0.0, width_s=1.0, max_windows=4)
+    for t in range(10):
+        line.add(t + 0.5, wait=0.25, step=0.75)
+    windows = line.windows()
+    assert len(windows) <= 4 and line.width == 4.0
+    assert sum(w.batches for w in windows) == 10
+    assert all(w.stall == 0.25 for w in windows)
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+def run_of(**kw: Any) -> LoaderRun:
+    base: dict[str, Any] = {
+        "created_at": "train.py:9",
+        "config": LoaderConfig(),
+        "pid": 5,
+        "batches": 100,
+        "samples": 400,
+        "epochs": 1,
+        "wait_s": 6.0,
+        "step_s": 2.0,
+        "startup_s": 0.1,
+        "main_cpu_in_next": 0.95,
+        "timeline": [Window(0.0, 4.0, 3.0, 1.0, 50), Window(4.0, 4.0, 3.0, 1.0, 50)],
+    }
+    return LoaderRun(**{**base, **kw})
+
+
+def test_roles_tell_evaluation_from_training() -> None:
+    train = run_of(batches=100)
+    val = run_of(batches=100, grad_off_batches=100)  # taken under torch.no_grad()
+    small = run_of(batches=10)  # much less than the training loader
+    assert rules.roles([train, val, small]) == ["train", "eval", "eval"]
+    assert rules.roles([val]) == ["eval"]
+
+
+def test_the_bottleneck_of_an_observed_loader() -> None:
+    assert rules.bottleneck_of(run_of(wait_s=0.05, step_s=2.0), cpus=2) == "consumer"
+    assert rules.bottleneck_of(run_of(main_cpu_in_next=0.95), cpus=2) == "main-process"
+    assert rules.bottleneck_of(run_of(main_cpu_in_next=0.02), cpus=2) == "latency"
+    workers = LoaderConfig(num_workers=2)
+    busy = run_of(config=workers, main_cpu_in_next=0.1)
+    busy.workers.cpu_util = 1.9
+    assert rules.bottleneck_of(busy, cpus=2) == "cpu"
+    idle = run_of(config=workers, main_cpu_in_next=0.1)
+    idle.workers.cpu_util = 0.1
+    assert rules.bottleneck_of(idle, cpus=2) == "latency"
+
+
+def test_workers_needed_follows_the_data_time_against_the_step() -> None:
+    # 6 s of waiting (0.1 s start-up) over 99 steady batches: ~60 ms a batch for a 20 ms step.
+    latency = run_of(main_cpu_in_next=0.0)
+    assert rules.workers_needed(latency, cpus=2) == 4
+    cpu_bound = run_of(main_cpu_in_next=0.95, bottleneck="main-process")
+    assert rules.workers_needed(cpu_bound, cpus=2) == 2  # no more than the CPUs
+
+
+def test_the_next_step_and_the_verdict() -> None:
+    fed = run_of(wait_s=0.05, step_s=2.0)
+    fed.bottleneck = rules.bottleneck_of(fed, 2)
+    assert "model is the bottleneck" in rules.next_step(fed, ["train.py"], 2)[0]
+    assert "does not wait on data" in rules.verdict([fed], [])
+    starved = run_of(name="train.py:loader", main_cpu_in_next=0.0)
+    starved.bottleneck = rules.bottleneck_of(starved, 2)
+    steps = rules.next_step(starved, ["train.py", "--lr", "3"], 2)
+    assert steps[0].startswith("try DataLoader(..., num_workers=4)")
+    assert "feedrate run --autotune train.py --lr 3" in steps
+    assert steps[-1] == "feedrate tune train.py:loader --step-time 0.02"
+    assert "waits on data 75%" in rules.verdict([starved, fed], [])
+    found = {f.id for f in rules.findings(starved, {"accelerator": "none"})}
+    assert {"data-stall", "bottleneck"} <= found
+    assert rules.verdict([], []).startswith("no DataLoader was iterated")
+
+
+def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
+    tuned = run_of()
+    tuned.autotune = AutotuneChange(
+        before=LoaderConfig(), after=LoaderConfig(num_workers=2), settled=True, stall_after=0.02
+    )
+    tuned.bottleneck = rules.bottleneck_of(tuned, 2)
+    assert tuned.bottleneck == "consumer"
+    steps = rules.next_step(tuned, ["train.py"], 2)
+    assert "autotune moved w=0 → w=2 pf=2" in steps[0] and "num_workers=2" in steps[0]
+
+
+# --- the report: JSON and rendering ----------------------------------------------------------
+
+
+def report_of() -> RunReport:
+    train, val = run_of(rank=0), run_of(grad_off_batches=100, created_at="train.py:12", rank=0)
+    proc = ProcessRun(pid=5, rank=0, loaders=[train, val])
+    report = RunReport(["train.py"], 0, 9.5, processes=[proc], machine={"cpus_usable": 2})
+    from feedrate.running.gather import decide
+
+    return decide(report, ["train.py"])
+
+
+def test_the_report_round_trips_through_json() -> None:
+    report = report_of()
+    doc = json.loads(report.to_json())
+    assert doc["schema"] == "feedrate.run/1"
+    for loader in doc["loaders"]:
+        for key in ("created_at", "config", "batches", "samples", "wait_s", "step_s", "stall"):
+            assert key in loader
+        assert loader["timeline"][0]["stall"] == 0.75
+    again = RunReport.from_dict(doc)
+    assert again.to_dict() == doc
+
+
+def test_the_console_and_html_reports() -> None:
+    report = report_of()
+    console = Console(width=100, record=True)
+    console.print(run_report(report))
+    text = console.export_text()
+    assert "train loader train.py:9" in text and "eval loader train.py:12" in text
+    assert text.index("train loader") < text.index("eval loader")
+    assert "stall over time |▇▇|" in text and "next step" in text
+    assert sparkline([Window(0, 1, 0, 1, 1), Window(1, 1, 0, 0, 0), Window(2, 1, 1, 0, 1)]) == (
+        "▁ █"
+    )
+    page = render_html(report)
+    assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page
+
+
+def test_commands_are_resolved_as_python_and_a_shell_would(tmp_path: Any) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert command_of([str(script), "--a"]) == [sys.executable, str(script), "--a"]
+    assert command_of(["json.tool", "-x"], module=True) == [sys.executable, "-m", "json.tool", "-x"]
+    assert command_of(["sh", "-c", "true"])[1:] == ["-c", "true"]
+    assert module_found("json.tool") and module_found("feedrate.running")
+    assert not module_found("feedrate.no_such_module") and not module_found("no.such")
