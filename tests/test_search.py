@@ -457,3 +457,12 @@ def test_online_a_main_process_busy_receiving_batches_tries_no_workers(
     ]
     proposal = propose_online(s, trials)
     assert (proposal is not None and proposal[0].num_workers == 0) is tries_zero
+
+
+def test_no_more_workers_than_an_epoch_has_batches_unless_asked() -> None:
+    from feedrate.search.budgets import DEFAULT_MAX_WORKERS, worker_cap
+
+    assert worker_cap(None, 128) == 128  # the 129th worker would make nothing in an epoch
+    assert worker_cap(None, None) == DEFAULT_MAX_WORKERS
+    assert worker_cap(None, 10_000) == DEFAULT_MAX_WORKERS
+    assert worker_cap(300, 128) == 300  # asked for: the user's cap is theirs

@@ -15,7 +15,7 @@ from feedrate.checks import streams
 from feedrate.checks.machine import shm_finding, shm_fitting
 from feedrate.errors import UserError
 from feedrate.loader import libraries
-from feedrate.loader.batches import thread_cap
+from feedrate.loader.batches import epoch_length, thread_cap
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine import cache
@@ -70,7 +70,13 @@ def starting_point(
         loader,
         cache.autotune_options(max_workers=max_workers, allow_threads=allow_threads),
     )
-    space = space_for(facts, config_of(loader), consumer=True, max_workers=max_workers)
+    space = space_for(
+        facts,
+        config_of(loader),
+        consumer=True,
+        max_workers=max_workers,
+        epoch_batches=epoch_length(loader),
+    )
     space = replace(
         space, max_threads=thread_cap(loader) if split else 1, allow_threads=allow_threads
     )

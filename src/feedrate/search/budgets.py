@@ -28,11 +28,13 @@ def space_for(
     max_workers: int | None = None,
     memory_limit: int | None = None,
     allow_reorder: bool = False,
+    epoch_batches: int | None = None,
 ) -> Space:
     """The search space around ``baseline`` (the user's settings) on the machine ``facts``
     describe: at most ``max_workers`` (default ``DEFAULT_MAX_WORKERS``), ``memory_limit`` bytes
     (default ``MEMORY_SHARE`` of what is available, within a cgroup limit), ``SHM_SHARE`` of
-    free /dev/shm, and ``FD_SHARE`` of the open-file limit where batches hold files."""
+    free /dev/shm, and ``FD_SHARE`` of the open-file limit where batches hold files; without
+    ``max_workers``, no more workers than ``epoch_batches`` (an epoch's batches, where known)."""
     available = facts.memory_available_bytes
     if facts.memory_limit_bytes is not None:
         available = min(available or facts.memory_limit_bytes, facts.memory_limit_bytes)
@@ -41,13 +43,24 @@ def space_for(
     return Space(
         cpus=facts.cpus_usable,
         baseline=baseline,
-        max_workers=DEFAULT_MAX_WORKERS if max_workers is None else max_workers,
+        max_workers=worker_cap(max_workers, epoch_batches),
         memory_budget=memory,
         shm_budget=shm,
         fd_budget=fd_budget(facts),
         consumer=consumer,
         allow_reorder=allow_reorder,
     )
+
+
+def worker_cap(max_workers: int | None, epoch_batches: int | None) -> int:
+    """``max_workers`` if given; else ``DEFAULT_MAX_WORKERS``, and no more than an epoch's
+    batches: past that every worker makes at most one batch an epoch and the rest sit idle,
+    adding start-up, memory and each epoch's restart, no throughput."""
+    if max_workers is not None:
+        return max_workers
+    if epoch_batches is not None and epoch_batches > 0:
+        return min(DEFAULT_MAX_WORKERS, epoch_batches)
+    return DEFAULT_MAX_WORKERS
 
 
 def fd_budget(facts: MachineFacts) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from feedrate.errors import UserError
-from feedrate.loader.batches import thread_cap
+from feedrate.loader.batches import epoch_length, thread_cap
 from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of, supports
 from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts, collect
@@ -91,6 +91,7 @@ def tune(
         max_workers=max_workers,
         memory_limit=memory_limit,
         allow_reorder=allow_reorder and not is_iterable_style(loader) and supports("in_order"),
+        epoch_batches=epoch_length(loader),
     )
     space = replace(
         space,
