@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import Iterator
 
 import psutil
 import pytest
+from torch.utils.data import DataLoader
 
 
 def _children() -> list[psutil.Process]:
@@ -59,3 +61,16 @@ def _alive(p: psutil.Process) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+@pytest.fixture
+def end_persistent_workers() -> Iterator[None]:
+    """For test modules whose loaders keep persistent workers (``pytestmark =
+    pytest.mark.usefixtures("end_persistent_workers")``): those workers outlive the loop until
+    their loader goes, so end them after the test even when a failed assertion keeps the loader
+    alive in its traceback (the leak check would kill them under the loader, which then raises
+    in the middle of the report)."""
+    yield
+    for obj in gc.get_objects():
+        if issubclass(type(obj), DataLoader) and obj._iterator is not None:
+            obj._iterator = None  # its iterator's __del__ shuts the workers down

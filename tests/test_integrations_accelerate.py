@@ -3,12 +3,10 @@ two-epoch loop trains on it, and dispatch_batches is named for what it costs."""
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +29,7 @@ N, BATCH, SLEEP_S = 64, 8, 0.005
 TUNE = {"budget_s": 8.0, "max_workers": 2}
 
 
-@pytest.fixture(autouse=True)
-def end_workers() -> Iterator[None]:
-    """Persistent workers outlive the loop until their loader goes: end them after the test
-    even when a failed assertion keeps the loader alive in its traceback (the leak check
-    would kill them under the loader, which then raises in the middle of the report)."""
-    yield
-    for obj in gc.get_objects():
-        if issubclass(type(obj), DataLoader) and obj._iterator is not None:
-            obj._iterator = None  # its iterator's __del__ shuts the workers down
+pytestmark = pytest.mark.usefixtures("end_persistent_workers")
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@ CPU on the DataLoader the Trainer built from the arguments feedrate set."""
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 import feedrate
 from feedrate.integrations import loader_from
@@ -63,15 +62,7 @@ class Seen(hf.TrainerCallback):  # type: ignore[misc]
         self.seeding.append(inner.worker_init_fn.keywords["num_workers"])
 
 
-@pytest.fixture(autouse=True)
-def end_workers() -> Iterator[None]:
-    """Persistent workers outlive the loop until their loader goes: end them after the test
-    even when a failed assertion keeps the loader alive in its traceback (the leak check
-    would kill them under the loader, which then raises in the middle of the report)."""
-    yield
-    for obj in gc.get_objects():
-        if issubclass(type(obj), DataLoader) and obj._iterator is not None:
-            obj._iterator = None  # its iterator's __del__ shuts the workers down
+pytestmark = pytest.mark.usefixtures("end_persistent_workers")
 
 
 @pytest.fixture(autouse=True)

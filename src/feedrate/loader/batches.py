@@ -116,6 +116,18 @@ def epoch_length(loader: DataLoader[Any]) -> int | None:
         return None
 
 
+def length_hint(loader: DataLoader[Any]) -> int | None:
+    """Batches an epoch of an IterableDataset says it has (its ``__len__``, a hint it may not
+    keep), without asking the loader (``len(loader)`` arms DataLoader's warning about it)."""
+    if not is_iterable_style(loader) or not loader.batch_size:
+        return None
+    try:
+        n = len(loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return -(-n // loader.batch_size) if n > 0 else None
+
+
 def count_tensors(batch: Any) -> int:
     """Tensors in a batch (each crosses shared memory as its own file under file_descriptor)."""
     if isinstance(batch, torch.Tensor):

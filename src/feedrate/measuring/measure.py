@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import feedrate
 from feedrate.errors import PipelineError, UserError
 from feedrate.loader import threaded as fetching
-from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
+from feedrate.loader.batches import batch_nbytes, epoch_length, length_hint, sample_counter
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import (
     config_of,
@@ -222,18 +222,6 @@ def _run(
             dog.disarm()
             _close(loader, current["it"])
         return timeline, probe.report(), current["nbytes"]
-
-
-def length_hint(loader: DataLoader[Any]) -> int | None:
-    """Batches an epoch of an IterableDataset says it has (its ``__len__``, a hint it may not
-    keep), without asking the loader (``len(loader)`` arms DataLoader's warning about it)."""
-    if not is_iterable_style(loader) or not loader.batch_size:
-        return None
-    try:
-        n = len(loader.dataset)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-    return -(-n // loader.batch_size) if n > 0 else None
 
 
 def why_empty(loader: DataLoader[Any]) -> str:

@@ -182,8 +182,9 @@ def run(
     stall. ``length_hint`` (an IterableDataset's ``__len__`` in batches, which it may not keep)
     only decides, until an epoch has ended, whether epochs are too short for windows.
     """
-    runner = _Runner(plan, count_samples, clock, hooks or Hooks(), epoch_length, consume)
-    runner.length_hint = length_hint
+    runner = _Runner(
+        plan, count_samples, clock, hooks or Hooks(), epoch_length, consume, length_hint
+    )
     timeline = runner.timeline
     while not runner.done() and timeline.epochs < plan.max_epochs and not runner.out_of_time():
         runner.epoch(make_iter)
@@ -203,9 +204,11 @@ class _Runner:
         hooks: Hooks,
         epoch_length: int | None,
         consume: Callable[[Any, int], object] | None = None,
+        length_hint: int | None = None,
     ):
         self.plan, self.count, self.clock, self.hooks = plan, count, clock, hooks
         self.epoch_length, self.consume = epoch_length, consume
+        self.length_hint = length_hint  # batches an epoch says it has (not kept to)
         self._asked = 0.0
         self.timeline = Timeline()
         self.open: Window | None = None
@@ -214,7 +217,6 @@ class _Runner:
         self._t0: float | None = None  # the first iter() call
         self._deadline: float | None = None  # on the clock, once the start-up is known
         self._lead_s: float | None = None  # the last epoch's time from iter() to counting
-        self.length_hint: int | None = None  # batches an epoch says it has (not kept to)
 
     def done(self) -> bool:
         """Enough full windows; or, when epochs cut windows short (and always when whole epochs

@@ -16,6 +16,7 @@ from feedrate.search.space import (
     FDS_PER_WORKER,
     SHM_HEADROOM,
     Space,
+    peaks,
     series,
 )
 
@@ -70,15 +71,13 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     if cpu and own > 0:
         n = math.floor(w * CPU_CEILING * space.cpus / own)
         found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {space.cpus} usable CPUs"))
-    measured = [t for t in trials if t.measured]
-    per_worker = max((t.worker_uss_max_bytes or 0 for t in measured), default=0)
-    main = max((t.main_uss_bytes or 0 for t in measured), default=0)
-    if space.memory_budget is not None and per_worker:
-        n = (space.memory_budget - main) // per_worker
-        found.append(Ceiling(n, f"the memory budget ({per_worker / 2**20:.0f} MiB per worker)"))
-    batch = max((t.batch_bytes or 0 for t in measured), default=0)
-    if space.shm_budget is not None and batch:
-        n = int(space.shm_budget // (batch * pf * SHM_HEADROOM))
+    seen = peaks(trials)
+    if space.memory_budget is not None and seen.per_worker:
+        n = (space.memory_budget - seen.main) // seen.per_worker
+        mib = seen.per_worker / 2**20
+        found.append(Ceiling(n, f"the memory budget ({mib:.0f} MiB per worker)"))
+    if space.shm_budget is not None and seen.batch:
+        n = int(space.shm_budget // (seen.batch * pf * SHM_HEADROOM))
         found.append(Ceiling(n, "the /dev/shm budget"))
     if space.fd_budget is not None:
         n = (space.fd_budget - FDS_BASE) // (FDS_PER_WORKER + pf * FDS_PER_BATCH)

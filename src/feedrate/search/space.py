@@ -153,13 +153,30 @@ def fastest(trials: list[Trial]) -> Trial | None:
     return max(measured, key=lambda t: t.median) if measured else None
 
 
+@dataclass(frozen=True)
+class Peaks:
+    """The largest sizes the measured trials saw (bytes; 0 where none was measured): one
+    worker's memory, the main process's, and one batch."""
+
+    per_worker: int
+    main: int
+    batch: int
+
+
+def peaks(trials: list[Trial]) -> Peaks:
+    measured = [t for t in trials if t.measured]
+    return Peaks(
+        max((t.worker_uss_max_bytes or 0 for t in measured), default=0),
+        max((t.main_uss_bytes or 0 for t in measured), default=0),
+        max((t.batch_bytes or 0 for t in measured), default=0),
+    )
+
+
 def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) -> str | None:
     """Why ``cfg`` would exceed a budget, predicted from measured per-process memory and batch
     bytes; None when it fits or nothing is known yet."""
-    measured = [t for t in trials if t.measured]
-    per_worker = max((t.worker_uss_max_bytes or 0 for t in measured), default=0)
-    main = max((t.main_uss_bytes or 0 for t in measured), default=0)
-    batch = max((t.batch_bytes or 0 for t in measured), default=0)
+    seen = peaks(trials)
+    per_worker, main, batch = seen.per_worker, seen.main, seen.batch
     w, pf = cfg.num_workers, cfg.prefetch_factor or 0
     memory = main + w * per_worker
     if space.memory_budget is not None and per_worker and memory > space.memory_budget:
