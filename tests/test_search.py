@@ -466,3 +466,18 @@ def test_no_more_workers_than_an_epoch_has_batches_unless_asked() -> None:
     assert worker_cap(None, None) == DEFAULT_MAX_WORKERS
     assert worker_cap(None, 10_000) == DEFAULT_MAX_WORKERS
     assert worker_cap(300, 128) == 300  # asked for: the user's cap is theirs
+
+
+def test_one_cpu_latency_bound_steps_up_though_one_worker_only_ties_none() -> None:
+    # A rank's share of a node can be one CPU: one waiting worker fetches one sample at a time,
+    # as the main process does without workers, so w=1 ties w=0; the workers mostly wait, so
+    # the search must go on up, not stop at the tie.
+    base = latency_bound(per_worker=100, ceiling=3_000)
+
+    def model(cfg: LoaderConfig) -> Figures:
+        f = base(cfg)
+        return Figures(100.0, 0.05, 0.0) if cfg.num_workers == 0 else f
+
+    best, trials = run(space(cpus=1), model)
+    assert [t.config.num_workers for t in trials][:2] == [0, 1]
+    assert best.config.num_workers >= 16

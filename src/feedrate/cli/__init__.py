@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import click
 
+from feedrate.cli import ranks
 from feedrate.cli.commands import cli
 from feedrate.cli.options import OPTION_OF
 from feedrate.cli.run import run_command
@@ -37,6 +38,7 @@ def in_options(exc: FeedrateError) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns feedrate's errors into one-line
     messages and exit statuses, never a traceback for a user mistake."""
+    ranks.ARGV[:] = list(argv) if argv is not None else sys.argv[1:]
     try:
         with interrupts.stoppable(sigterm=True):
             code = cli.main(

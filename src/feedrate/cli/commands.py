@@ -14,6 +14,7 @@ import click
 from feedrate import __version__
 from feedrate.cli.options import consumer_options, device_option, file_option
 from feedrate.cli.output import (
+    STEP_NAMES,
     TuneProgress,
     check_outputs,
     err,
@@ -23,6 +24,7 @@ from feedrate.cli.output import (
     show_tune,
     write_json,
 )
+from feedrate.cli.ranks import rank_options
 from feedrate.errors import PipelineError, UserError
 from feedrate.units import parse_size, parse_sizes
 
@@ -190,6 +192,7 @@ _BUDGET_HELP = "Seconds the search may take, start-up included (the checks after
 @file_option("--plot", "plot_path", "Write a PNG plot of samples/s against num_workers.")
 @file_option("--html", "html_path", "Write a self-contained HTML report.")
 @device_option
+@rank_options(shard=True)
 def tune(
     target: str,
     rate: float | None,
@@ -206,6 +209,7 @@ def tune(
     plot_path: Path | None,
     html_path: Path | None,
     device: str,
+    shard: bool,
 ) -> None:
     """Find the DataLoader settings that make TARGET fastest on this machine, or, with a
     consumer (--rate, --step-time, --step), the cheapest that keep it fed; explain why."""
@@ -233,6 +237,7 @@ def tune(
             target=target,
             progress=progress.update,
             device=device,
+            shard=shard,
         )
     show_tune(result, json_path, plot_path, html_path)
 
@@ -263,6 +268,7 @@ def tune(
     help="Stop a step as hung when no batch arrives for this many seconds.",
 )
 @file_option("--json", "json_path", "Also write the report as JSON (schema feedrate.doctor/1).")
+@rank_options(shard=False)
 def doctor(
     target: str,
     rate: float | None,
@@ -300,22 +306,13 @@ def doctor(
             trial_seconds=trial_seconds,
             timeout_s=timeout_s,
             target=target,
-            progress=lambda name: status.update(f"doctor: {_STEP_NAMES.get(name, name)} …"),
+            progress=lambda name: status.update(f"doctor: {STEP_NAMES.get(name, name)} …"),
         )
     human(json_path).print(render.doctor_report(report))
     if json_path is not None:
         write_json(json_path, report.to_dict())
     if report.pipeline_error is not None:
         raise PipelineError(report.pipeline_error)
-
-
-_STEP_NAMES = {
-    "workers": "looking inside 2 workers",
-    "batch": "making one batch in the main process",
-    "duplicates": "comparing what 2 workers yield",
-    "memory": "watching worker memory",
-    "performance": "measuring your settings and a few alternatives",
-}
 
 
 @cli.command()

@@ -16,6 +16,15 @@ from feedrate.render.text import plus_minus, rate
 
 out = Console()
 err = Console(stderr=True)
+#: What the doctor's spinner says of each of its steps.
+STEP_NAMES = {
+    "workers": "looking inside 2 workers",
+    "batch": "making one batch in the main process",
+    "duplicates": "comparing what 2 workers yield",
+    "memory": "watching worker memory",
+    "performance": "measuring your settings and a few alternatives",
+}
+
 #: ``--json -``: the document goes to stdout, and the tables to stderr.
 STDOUT = Path("-")
 

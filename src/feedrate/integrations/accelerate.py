@@ -85,8 +85,8 @@ def tune_prepared(accelerator: Any, prepared: Any, **tune_kwargs: Any) -> TuneRe
     """Tune the DataLoader inside ``prepared`` (a loader ``accelerator.prepare`` returned) and
     put the tuned one in its place. ``tune_kwargs`` go to ``feedrate.tune``.
 
-    On several processes the main one measures and every process applies its answer to its
-    own shard; the answer and, with ``dispatch_batches``, what that costs the main process are
+    On several processes every one measures at once, its own shard (the node tuned as a
+    unit), and every process applies the same answer; the answer and, with ``dispatch_batches``, what that costs the main process are
     printed once (``accelerator.print``). Returns the ``TuneResult`` on every process.
     """
     if framework_of(prepared) != "accelerate":

@@ -9,8 +9,9 @@ as its own: distributed sampler, worker seeding, epochs. Loaders passed straight
 ``trainer.fit(model, loader)`` are replaced where the fit loop keeps them. ``teardown`` undoes
 both.
 
-Under DDP, rank 0 tunes and sends its answer with ``trainer.strategy.broadcast``; every rank
-applies it to its own loader. Lightning is imported when this module is; ``pytorch_lightning``
+Under DDP, every rank tunes at once, the node as a unit (``feedrate.tune`` in a distributed job:
+all ranks load their shards in every trial, rank 0 decides); every rank applies the answer to
+its own loader. Lightning is imported when this module is; ``pytorch_lightning``
 is used instead when only that one is installed or already in use.
 """
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.distributed import group
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import collect
 from feedrate.render.text import rate
@@ -76,14 +77,14 @@ def tune_shared(
     main: bool = True,
     broadcast: Broadcast | None = None,
 ) -> TuneResult:
-    """``tune(loader, **tune_kwargs)`` on the main process; with ``broadcast``, the others wait
-    for its answer instead of measuring (ranks measuring at once would compete for the CPUs
-    they measure). Every rank gets the same result; ``result.loader(loader)`` rebuilds each
-    rank's own loader with it.
-
-    The node-level tune (all local ranks loading at once, each on its shard) is not there yet:
-    the main process measures alone, with the node's CPUs to itself.
+    """In a distributed job (``torch.distributed`` initialized): ``tune`` in every rank, the node
+    tuned as a unit, every rank loading its own shard at once (``workflows.tune_node``). Else
+    ``tune(loader, **tune_kwargs)`` on the main process, and with ``broadcast`` the others wait
+    for its answer instead of measuring (a job whose group is not up yet). Every rank gets the
+    same result; ``result.loader(loader)`` rebuilds each rank's own loader with it.
     """
+    if group.active():
+        return tune(loader, **tune_kwargs)
     document: dict[str, Any] | None = None
     if main:
         try:
@@ -120,7 +121,10 @@ def local_ranks(default: int) -> int:
 def share_cpus(tune_kwargs: dict[str, Any], ranks: int) -> str:
     """With ``ranks`` processes on this node and no ``max_workers`` given: cap the workers of
     each at its share of the CPUs (in ``tune_kwargs``), and return what to say of it ("" when
-    nothing was capped)."""
+    nothing was capped). In a distributed job nothing is capped: the tune measures every rank
+    loading at once, each within its share of the node."""
+    if ranks > 1 and group.active():
+        return f"; measured with all {ranks} ranks of this node loading at once"
     if ranks <= 1 or "max_workers" in tune_kwargs:
         return ""
     facts = tune_kwargs.setdefault("machine", collect())

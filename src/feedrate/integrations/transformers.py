@@ -91,8 +91,8 @@ def tune_trainer(trainer: Any, **tune_kwargs: Any) -> TuneResult:
     ``trainer.args``, so ``trainer.train()`` trains on it. ``tune_kwargs`` go to
     ``feedrate.tune`` (``budget_s`` defaults to 30 s). The answer is printed once, in
     ``TrainingArguments``' words: ``dataloader_num_workers=8, dataloader_prefetch_factor=4,
-    ...``. On several processes the main one measures and all take its answer (each with at
-    most its share of the node's CPUs in workers, unless ``max_workers`` says otherwise)."""
+    ...``. On several processes all measure at once, each its own shard, and all take the same
+    answer (each rank within its share of the node)."""
     main = trainer.is_world_process_zero()
     loader = trainer.get_train_dataloader()
     result, trainer.args, said = _tune(loader, trainer.args, main, tune_kwargs)

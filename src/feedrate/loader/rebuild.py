@@ -88,12 +88,21 @@ def _batching_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
     return {"batch_size": None, "sampler": loader.sampler}
 
 
+def _batching(loader: DataLoader[Any], batch_sampler: Any, sampler: Any) -> dict[str, Any]:
+    if batch_sampler is not None:
+        return {"batch_sampler": batch_sampler}
+    if sampler is not None:
+        return {"batch_size": loader.batch_size, "sampler": sampler, "drop_last": loader.drop_last}
+    return _batching_kwargs(loader)
+
+
 def rebuild(
     loader: DataLoader[Any],
     config: LoaderConfig,
     *,
     dataset: Any | None = None,
     batch_sampler: Any | None = None,
+    sampler: Any | None = None,
 ) -> DataLoader[Any]:
     """A new DataLoader yielding what ``loader`` yields, produced with ``config``'s settings.
 
@@ -103,12 +112,13 @@ def rebuild(
     The loader's own class is built again, from the arguments it was built with (see
     ``init_args``); where those cannot be known, ``UserError`` says so. The dataset is
     wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says. A
-    ``batch_sampler`` given replaces the loader's batching (``autotune`` feeds its own).
+    ``batch_sampler`` given replaces the loader's batching (``autotune`` feeds its own); a
+    ``sampler`` replaces its sampler (a shard of the dataset per rank), batch size kept.
     """
     data = unthreaded(loader.dataset if dataset is None else dataset)
     kwargs: dict[str, Any] = {
         "dataset": Threaded(data, config.threads) if config.threads > 1 else data,
-        **(_batching_kwargs(loader) if batch_sampler is None else {"batch_sampler": batch_sampler}),
+        **_batching(loader, batch_sampler, sampler),
         "collate_fn": loader.collate_fn,
         "worker_init_fn": loader.worker_init_fn,
         "generator": loader.generator,

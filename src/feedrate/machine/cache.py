@@ -100,12 +100,14 @@ def tune_options(
     memory_limit: int | None = None,
     allow_reorder: bool = False,
     allow_threads: bool = False,
+    ranks: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The options that decide a ``tune`` answer, as its cache key holds them; the defaults
     are a plain ``tune(loader)``, whose answer ``autotune`` starts from. ``device`` (the
     accelerator every trial copies batches to, e.g. "cuda:0", or None) has no default: an
     answer found copying to a GPU is another answer, and a key built without saying which
-    device would miss it."""
+    device would miss it. ``ranks``: the shape of a distributed job tuned together (its
+    ``Ranks.to_dict()``), another answer than one process's."""
     options: dict[str, Any] = {
         "consumer": consumer,
         "max_workers": max_workers,
@@ -115,6 +117,8 @@ def tune_options(
     }
     if device is not None:  # keys of runs without an accelerator stay as they were
         options["device"] = device
+    if ranks is not None:  # and so do those of one process
+        options["ranks"] = ranks
     return options
 
 

@@ -9,6 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from feedrate.render.ranks import ranks_rows
 from feedrate.render.text import plus_minus, rate, size
 from feedrate.results.doctor import Report
 from feedrate.results.findings import Finding, by_severity
@@ -247,6 +248,7 @@ def recommendation(result: TuneResult) -> Table:
     else:
         pin = next((f for f in result.findings if f.id == "pin-memory-measured"), None)
         rows.append(("pin_memory", pin.message if pin else "not measured (--device cpu)"))
+    rows += ranks_rows(result)
     rows.append(("code", result.code))
     origin = " (from the cache: --fresh measures again)" if result.from_cache else ""
     rows.append(("search", f"{len(result.trials)} trials in {result.search_seconds:.0f} s{origin}"))

@@ -52,6 +52,9 @@ class Measurement:
     #: With an accelerator: each batch copied to it in the loop (``device``, ``non_blocking``,
     #: ``copy_s_per_batch`` and ``step_s_per_batch`` of device time, from CUDA events).
     transfer: dict[str, Any] | None = None
+    #: Measured with every rank of a job loading at once: each rank's rate (median window,
+    #: samples/s), in rank order; the figures above are the slowest rank's.
+    rank_rates: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window
@@ -81,6 +84,7 @@ class Measurement:
             "stall_fraction": self.stall_fraction,
             "transfer": self.transfer,
             "notes": self.notes,
+            "rank_rates": self.rank_rates,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -120,6 +124,7 @@ class Measurement:
             stall_fraction=d.get("stall_fraction"),
             consumer=d.get("consumer"),
             transfer=d.get("transfer"),
+            rank_rates=d.get("rank_rates"),
         )
 
     @classmethod

@@ -69,6 +69,9 @@ class Trial:
     skipped: str | None = None
     error: str | None = None
     repeats: int = 1
+    #: With several ranks loading at once: each rank's rate (samples/s), in rank order; the
+    #: figures above are the slowest rank's (training steps in lockstep).
+    rank_rates: list[float] | None = None
 
     def pool(self, again: Trial) -> None:
         """Fold a repeat measurement of the same config into this trial (windows pooled)."""
@@ -76,6 +79,10 @@ class Trial:
             return
         self.spread = self.spread.merged(again.spread)
         self.samples_per_s = (self.samples_per_s + again.samples_per_s) / 2
+        if self.rank_rates is not None and again.rank_rates is not None:
+            self.rank_rates = [
+                (a + b) / 2 for a, b in zip(self.rank_rates, again.rank_rates, strict=False)
+            ]
         self.repeats += 1
 
     def take(self, again: Trial) -> None:
@@ -135,6 +142,7 @@ class Trial:
             batch_bytes=m.batch_bytes,
             stall_fraction=m.stall_fraction,
             copy_s_per_batch=(m.transfer or {}).get("copy_s_per_batch"),
+            rank_rates=None if m.rank_rates is None else list(m.rank_rates),
             **probe_fields(m.processes),
         )
 

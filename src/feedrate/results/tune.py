@@ -53,6 +53,10 @@ class TuneResult:
     #: in the rate, an epoch timed whole).
     baseline_restart_s: float = 0.0
     best_restart_s: float = 0.0
+    #: Tuned over the ranks of a distributed job (every rank loading at once): the job's shape,
+    #: ``world_size``, ``local_world_size``, ``nodes`` and ``node_of_rank``; None in one process.
+    #: Rates above are then the slowest rank's, in that rank's share of its node.
+    ranks: dict[str, Any] | None = None
     _source: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -76,6 +80,26 @@ class TuneResult:
     def steady_speedup(self) -> float:
         """Best median over the user's own, restarts left out."""
         return self.best.median / self.baseline.median if self.baseline.median > 0 else 0.0
+
+    @property
+    def job_rate(self) -> float:
+        """samples/s of the whole job at the recommendation: the slowest rank's rate times the
+        ranks (training steps in lockstep); the one process's rate outside a job."""
+        return self.best_rate * int((self.ranks or {}).get("world_size", 1))
+
+    def node_rates(self) -> list[float]:
+        """Each node's samples/s at the recommendation (its slowest rank times its ranks), by
+        node number; empty outside a job."""
+        rates = self.best.rank_rates
+        if self.ranks is None or not rates:
+            return []
+        node_of = list(self.ranks.get("node_of_rank", []))
+        scale = self.best_rate / min(rates) if min(rates) > 0 else 1.0  # restarts counted
+        out = []
+        for n in sorted(set(node_of)):
+            mine = [r for r, k in zip(rates, node_of, strict=False) if k == n]
+            out.append(min(mine) * scale * len(mine))
+        return out
 
     def loader(self, source: Any = None) -> Any:
         """The user's loader rebuilt with the best settings. A result loaded from JSON needs the
@@ -119,6 +143,9 @@ class TuneResult:
             "partial": self.partial,
             "partial_reason": self.partial_reason,
             "from_cache": self.from_cache,
+            "ranks": self.ranks,
+            "job_samples_per_s": self.job_rate,
+            "node_samples_per_s": self.node_rates(),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -152,6 +179,7 @@ class TuneResult:
             samples_per_epoch=d.get("samples_per_epoch"),
             baseline_restart_s=d.get("baseline_restart_s", 0.0),
             best_restart_s=d.get("best_restart_s", 0.0),
+            ranks=d.get("ranks"),
         )
 
     @classmethod

@@ -62,12 +62,17 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     against uneven samples, can pay past the core count by less than short trials resolve)."""
     main = series(space, trials)
     top = max(main, key=lambda t: t.config.num_workers, default=None)
-    if top is None or top.config.num_workers == 0 or fastest(main) is not top:
+    if top is None or top.config.num_workers == 0:
+        return None
+    kind = bottleneck(top, space.cpus)
+    best = fastest(main)
+    # One waiting worker is only as fast as none (one request at a time, as on a rank's single
+    # CPU): a tie with fewer workers does not stop the step up when the workers mostly wait.
+    if best is not top and (kind != "latency" or best is None or beats(best, top)):
         return None
     w = top.config.num_workers
     if threads_win(space, top, trials):
         return None  # a few threaded workers beat it: more processes would only cost memory
-    kind = bottleneck(top, space.cpus)
     if kind == "cpu" and w >= space.cpus:
         ladder = [c for c in (space.cpus + 1, 2 * space.cpus, 3 * space.cpus) if c > w]
         if not ladder:

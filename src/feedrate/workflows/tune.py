@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.distributed.node import share
 from feedrate.errors import UserError
 from feedrate.loader.batches import epoch_length, thread_cap
 from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of, supports
@@ -25,6 +26,7 @@ from feedrate.measuring.consumer import make_consumer
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.tune import TuneResult
 from feedrate.search.budgets import space_for
+from feedrate.workflows import tune_node
 from feedrate.workflows.tune_search import Progress, TuneSearch
 
 #: The fewest seconds a search can do anything useful in: the baseline and two anchors.
@@ -55,6 +57,8 @@ def tune(
     progress: Callable[[Progress], None] | None = None,
     machine: MachineFacts | None = None,
     device: str | None = "auto",
+    coordinate: bool | None = None,
+    shard: bool = False,
 ) -> TuneResult:
     """Find the best DataLoader settings for ``source`` on this machine.
 
@@ -78,12 +82,23 @@ def tune(
 
     Where an accelerator exists (``device``: "auto", a torch device name, or "cpu" for none),
     every trial copies each batch to it, and ``pin_memory`` is tried both ways on the answer.
+
+    In a distributed job (``torch.distributed`` initialized with several ranks; ``coordinate``
+    None or True), call it in every rank at the same point: every trial is measured with all
+    ranks loading at once, each on its own shard (its ``DistributedSampler``, or one made for
+    the measurement with ``shard``), within its share of the node's CPUs, memory and
+    /dev/shm; the figure is the slowest rank's, rank 0 decides, and every rank returns the same
+    result (``feedrate.workflows.tune_node``). ``coordinate=False`` tunes this process alone.
     """
-    loader = loader_of(source)
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
+    channel = tune_node.channel(coordinate, budget_s, timeout_s)
+    if channel is not None and shard:
+        source = tune_node.shard_source(source, channel.ranks)
+    loader = loader_of(source)
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
-    facts = machine or collect()
+    node_facts = machine or collect()
+    facts = node_facts if channel is None else share(node_facts, channel.ranks.local_world)
     space = space_for(
         facts,
         config_of(loader),
@@ -105,14 +120,13 @@ def tune(
         memory_limit=memory_limit,
         allow_reorder=allow_reorder,
         allow_threads=allow_threads,
+        ranks=None if channel is None else channel.ranks.to_dict(),
     )
     cache_key = cache.key(facts, loader, options)
-    if use_cache and not fresh:
-        hit = _from_cache(cache_key, source)
-        if hit is not None:
-            hit.target = target  # the same pipeline (settings included) under this name
-            return hit
-    run = TuneSearch(
+    search_kwargs: dict[str, Any] = {}
+    if channel is not None:
+        search_kwargs["channel"] = channel
+    run = (TuneSearch if channel is None else tune_node.NodeSearch)(
         loader,
         space,
         consumer,
@@ -124,14 +138,27 @@ def tune(
         dev,
         timeout_s=timeout_s,
         source=source if callable(source) and not isinstance(source, DataLoader) else loader,
+        **search_kwargs,
     )
-    with interrupts.stoppable():
-        result = run.search()
-    checks = _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
-    result.findings = by_severity([*result.findings, *checks])
+
+    def searched() -> TuneResult:
+        if use_cache and not fresh:
+            hit = _from_cache(cache_key, source)
+            if hit is not None:
+                hit.target = target  # the same pipeline (settings included) under this name
+                return hit
+        with interrupts.stoppable():
+            result = run.search()
+        checks = _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
+        result.findings = by_severity([*result.findings, *checks])
+        if channel is not None:
+            tune_node.for_the_job(result, channel.ranks, node_facts)
+        if use_cache and not result.partial:
+            cache.save(cache_key, result.to_dict())
+        return result
+
+    result = searched() if channel is None else tune_node.coordinated(channel, searched, run)
     result._source = source
-    if use_cache and not result.partial:
-        cache.save(cache_key, result.to_dict())
     return result
 
 

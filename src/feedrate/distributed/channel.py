@@ -1,0 +1,109 @@
+"""``Channel``: feedrate's own collectives between the ranks of a job, on a gloo group of its
+own with a bounded timeout, beside whatever group (NCCL or gloo) the training uses.
+
+Every message is a plain-data object (a dict of JSON-like values). A rank whose own work fails
+does not vanish from the collective: it sends a failure document instead of its answer, so the
+others learn which rank failed and why; a rank that stops answering (killed, interrupted, not
+calling at all) makes the others' call fail within the timeout with an error naming what was
+awaited. No call waits forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from feedrate.distributed.group import Ranks, node_key, ranks_of
+from feedrate.errors import FeedrateError
+
+#: The key a failure document carries in place of an answer.
+FAILED = "feedrate_rank_failed"
+
+
+class RankError(FeedrateError):
+    """Another rank of the job failed, or stopped answering within the timeout. The message
+    names the rank where it is known."""
+
+    exit_code = 3
+
+
+def failure(rank: int, exc: BaseException) -> dict[str, Any]:
+    """The document a rank sends when its part failed: who, and the error in one line."""
+    return {FAILED: f"{type(exc).__name__}: {exc}", "rank": rank}
+
+
+def failed(document: Any) -> str | None:
+    """The failure a document reports (``rank N failed: ...``), or None for an answer."""
+    if isinstance(document, dict) and FAILED in document:
+        return f"rank {document.get('rank')} failed: {document[FAILED]}"
+    return None
+
+
+#: How long the first contact waits for every rank to call (s): a rank that does not call
+#: feedrate at the same point fails the others this soon, not after the job's own timeout.
+JOIN_S = 120.0
+
+
+class Channel:
+    """Bounded collectives over a gloo group made for feedrate (see ``open``)."""
+
+    def __init__(self, ranks: Ranks, group: Any, timeout_s: float, what: str) -> None:
+        self.ranks, self._group, self.timeout_s, self.what = ranks, group, timeout_s, what
+
+    @classmethod
+    def open(cls, what: str, timeout_s: float, join_s: float = JOIN_S) -> Channel:
+        """Collective: every rank of the job opens it at the same point. The first contact
+        (which ranks share a node) waits ``join_s`` at most; every call after it waits
+        ``timeout_s`` at most. ``what`` names the work in errors ("feedrate.tune")."""
+        world, rank = dist.get_world_size(), dist.get_rank()
+        unknown = Ranks(rank, world, 0, 1, 0, 1, (0,) * world)
+        try:
+            hello = dist.new_group(backend="gloo", timeout=timedelta(seconds=join_s))
+        except RuntimeError as exc:
+            raise Channel(unknown, None, join_s, what)._lost("reach every rank", exc) from exc
+        first = cls(unknown, hello, join_s, what)
+        keys = first.all_gather(node_key())
+        ranks = ranks_of(rank, [str(k) for k in keys])
+        try:
+            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as exc:
+            raise first._lost("open its channel", exc) from exc
+        finally:
+            first.close()
+        return cls(ranks, group, timeout_s, what)
+
+    def broadcast(self, obj: Any = None) -> Any:
+        """Rank 0's ``obj`` on every rank (the others' ``obj`` is ignored)."""
+        box = [obj if self.ranks.main else None]
+        try:
+            dist.broadcast_object_list(box, src=0, group=self._group)
+        except RuntimeError as exc:
+            raise self._lost("hear from rank 0", exc) from exc
+        return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        out: list[Any] = [None] * self.ranks.world
+        try:
+            dist.all_gather_object(out, obj, group=self._group)
+        except RuntimeError as exc:
+            raise self._lost("hear from every rank", exc) from exc
+        return out
+
+    def close(self) -> None:
+        if self._group is None:
+            return
+        # The job's own group destroyed first takes ours with it: nothing left to close.
+        with contextlib.suppress(RuntimeError, ValueError, AssertionError):
+            dist.destroy_process_group(self._group)
+
+    def _lost(self, doing: str, exc: BaseException) -> RankError:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return RankError(
+            f"rank {self.ranks.rank} could not {doing} during {self.what} within "
+            f"{self.timeout_s:g} s: another rank failed, was interrupted, or does not call "
+            f"feedrate at the same point ({first[:300]})"
+        )

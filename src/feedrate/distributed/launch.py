@@ -1,0 +1,90 @@
+"""Start the ranks of a job on this machine, as torchrun's standalone mode would, for
+``feedrate tune TARGET --nproc-per-node N``: each rank a process running the same command, with
+the environment ``torch.distributed``'s ``env://`` initialization reads (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+``MASTER_PORT``), and ``OMP_NUM_THREADS=1`` where unset, as torchrun sets it for several ranks.
+
+The ranks share this terminal (a Ctrl-C reaches all of them). When one rank ends with an error,
+the others are given ``GRACE_S`` to end on their own (they learn of it at their next
+collective), then terminated; none is left running when this returns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+
+#: Seconds the other ranks get to end by themselves after one failed.
+GRACE_S = 15.0
+
+#: Seconds between SIGTERM and SIGKILL for a rank that does not end.
+KILL_AFTER_S = 5.0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for rank 0's rendezvous store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(rank: int, ranks: int, port: int) -> dict[str, str]:
+    """The environment of rank ``rank`` of ``ranks`` on this one node."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(ranks),
+        LOCAL_WORLD_SIZE=str(ranks),
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    return env
+
+
+def run_ranks(command: Sequence[str], ranks: int, *, grace_s: float = GRACE_S) -> int:
+    """Run ``command`` as ``ranks`` ranks on this machine and wait for all of them. Returns the
+    exit status of the first rank that failed (by the time it failed), else 0."""
+    port = free_port()
+    procs = [subprocess.Popen(list(command), env=rank_env(r, ranks, port)) for r in range(ranks)]
+    failed_code: int | None = None
+    deadline: float | None = None
+    try:
+        while any(p.poll() is None for p in procs):
+            if failed_code is None:
+                failed_code = next((p.returncode for p in procs if p.returncode), None)
+                if failed_code is not None:
+                    deadline = time.monotonic() + grace_s
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        stop(procs)
+    if failed_code is None:
+        failed_code = next((p.returncode for p in procs if p.returncode), 0)
+    return _status(failed_code)
+
+
+def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """End every rank still running: SIGTERM (feedrate stops its workers on it), then SIGKILL."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + KILL_AFTER_S
+    for p in running:
+        try:
+            p.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _status(code: int) -> int:
+    """A rank killed by signal N reads as a shell would say it, 128 + N."""
+    return 128 - code if code < 0 else code

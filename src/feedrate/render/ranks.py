@@ -1,0 +1,32 @@
+"""What a tune over the ranks of a distributed job adds to the answer: the job's rate, each
+node's, and what the per-rank figures mean."""
+
+from __future__ import annotations
+
+from feedrate.render.text import rate
+from feedrate.results.tune import TuneResult
+
+
+def ranks_rows(result: TuneResult) -> list[tuple[str, str]]:
+    """Rows for the recommendation table; none outside a distributed job."""
+    shape = result.ranks
+    if shape is None:
+        return []
+    world, local, nodes = shape["world_size"], shape["local_world_size"], shape["nodes"]
+    where = f"{nodes} nodes" if nodes > 1 else "1 node"
+    rows = [
+        (
+            "ranks",
+            f"{world} ranks on {where}, {local} per node, all loading at once in every trial; "
+            "the settings are per rank, the figures above the slowest rank's",
+        ),
+        (
+            "job",
+            f"{rate(result.job_rate)} samples/s (the slowest rank's rate × {world} ranks: "
+            "training steps in lockstep)",
+        ),
+    ]
+    if nodes > 1:
+        for n, r in enumerate(result.node_rates()):
+            rows.append((f"node {n}", f"{rate(r)} samples/s"))
+    return rows

@@ -1,0 +1,150 @@
+"""``tune`` in every rank of a distributed job: the node is the unit of tuning.
+
+Rank 0 runs the search (``NodeSearch``); before each trial it sends the configuration and
+the trial's limits, every rank measures it at the same time on its own shard (so the
+contention between the node's ranks is real), and the figures come back to rank 0, which
+reads them as the slowest rank's (``search.ranks.slowest``: training steps in lockstep). The
+other ranks only measure what they are sent (``follow``) and end with rank 0's result, so every
+rank returns the same answer. A rank whose pipeline fails sends the failure in place of its
+figures; a rank that stops answering fails the others within the channel's timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from feedrate.distributed import group
+from feedrate.distributed.channel import Channel, RankError, failed, failure
+from feedrate.distributed.group import Ranks
+from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import loader_of
+from feedrate.loader.shards import sharded
+from feedrate.machine.facts import MachineFacts
+from feedrate.results.measurement import Measurement
+from feedrate.results.tune import TuneResult
+from feedrate.search.ranks import slowest
+from feedrate.workflows.tune_search import TrialLimits, TuneSearch
+
+#: The pipeline errors a rank can send back, by name, raised again on rank 0 as themselves.
+PIPELINE_ERRORS: dict[str, type[PipelineError]] = {
+    e.__name__: e for e in (PipelineError, PipelineTimeoutError, WorkerKilledError)
+}
+
+
+class NodeSearch(TuneSearch):
+    """The search on rank 0, each trial measured by every rank at once (see module doc)."""
+
+    def __init__(self, *args: Any, channel: Channel, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.channel = channel
+
+    def measure_trial(self, config: LoaderConfig, limits: TrialLimits) -> Measurement:
+        self.channel.broadcast(
+            {"do": "measure", "config": config.to_dict(), "limits": limits.__dict__}
+        )
+        return gathered(self.channel, measured_here(self, config, limits, 0))
+
+
+def measured_here(search: TuneSearch, config: LoaderConfig, limits: TrialLimits, rank: int) -> Any:
+    """This rank's measurement as a document, or the failure of its pipeline as one."""
+    try:
+        return TuneSearch.measure_trial(search, config, limits).to_dict()
+    except PipelineError as exc:
+        doc = failure(rank, exc)
+        doc["kind"] = type(exc).__name__
+        return doc
+
+
+def gathered(channel: Channel, mine: Any) -> Measurement:
+    """Every rank's figures for one trial, read as the slowest rank's. A rank's pipeline
+    failure fails the trial as that error, naming the rank."""
+    docs = channel.all_gather(mine)
+    for doc in docs:
+        why = failed(doc)
+        if why is not None:
+            kind = PIPELINE_ERRORS.get(str(doc.get("kind")))
+            if kind is None:
+                raise RankError(why)
+            raise kind(why)
+    return slowest([Measurement.from_dict(d) for d in docs])
+
+
+def lead(channel: Channel, run: Callable[[], TuneResult]) -> TuneResult:
+    """Rank 0: ``run()`` (the search, or the cache), then its result to every rank; on any
+    failure, the others are told to stop before it is raised here."""
+    try:
+        result = run()
+    except BaseException as exc:
+        with contextlib.suppress(RankError):  # a rank gone already: the launcher ends the rest
+            channel.broadcast({"do": "stop", **failure(0, exc)})
+        raise
+    channel.broadcast({"do": "done", "result": result.to_dict()})
+    return result
+
+
+def follow(channel: Channel, search: TuneSearch) -> TuneResult:
+    """A rank other than 0: measure each configuration rank 0 sends, until its result comes
+    (returned) or it says it stopped (``RankError`` naming why)."""
+    while True:
+        message = channel.broadcast()
+        if not isinstance(message, dict):
+            raise RankError(f"rank {channel.ranks.rank} got no instruction from rank 0")
+        if message.get("do") == "measure":
+            config = LoaderConfig.from_dict(message["config"])
+            limits = TrialLimits(**message["limits"])
+            try:
+                mine = measured_here(search, config, limits, channel.ranks.rank)
+            except BaseException as exc:  # not the pipeline's: tell rank 0, then stop here
+                channel.all_gather(failure(channel.ranks.rank, exc))
+                raise
+            channel.all_gather(mine)
+        elif message.get("do") == "done":
+            return TuneResult.from_dict(message["result"])
+        else:
+            raise RankError(failed(message) or "rank 0 stopped the tune")
+
+
+def channel(coordinate: bool | None, budget_s: float, timeout_s: float) -> Channel | None:
+    """The ranks' channel for one coordinated tune, or None to tune this process alone (not a
+    distributed job, or ``coordinate=False``). Collective. Its timeout covers the longest
+    silence a rank can see: a whole budget of trials, then the checks after the search."""
+    if coordinate is False or not group.active():
+        return None
+    return Channel.open("feedrate.tune", budget_s + 3 * timeout_s + 120.0)
+
+
+def shard_source(source: Any, ranks: Ranks) -> Callable[[], DataLoader[Any]]:
+    """What each trial measures, read from this rank's shard (``loader.shards.sharded``)."""
+    first = sharded(loader_of(source), ranks.rank, ranks.world)  # refused here, before a trial
+
+    def build() -> DataLoader[Any]:
+        if callable(source) and not isinstance(source, DataLoader):
+            return sharded(loader_of(source), ranks.rank, ranks.world)
+        return first
+
+    return build
+
+
+def coordinated(
+    channel: Channel, searched: Callable[[], TuneResult], run: TuneSearch
+) -> TuneResult:
+    """Rank 0 leads ``searched()``; the others follow ``run``'s trials. Every rank returns rank
+    0's result; the channel is closed either way."""
+    try:
+        if channel.ranks.main:
+            return lead(channel, searched)
+        return follow(channel, run)
+    finally:
+        channel.close()
+
+
+def for_the_job(result: TuneResult, ranks: Ranks, node: MachineFacts) -> None:
+    """Say in ``result`` that it was tuned over ``ranks``: the job's shape, and the node's
+    whole machine (the search decided within one rank's share of it)."""
+    result.ranks = ranks.to_dict()
+    result.machine = node.to_dict()

@@ -1,0 +1,248 @@
+"""``tune`` over the ranks of a distributed job: the figures read as the slowest rank's, each
+rank's share of the node, each rank on its own shard, and real jobs (``--nproc-per-node``, two
+nodes on one machine) where every rank must take the same decision and no process may be
+left when a rank fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from feedrate.cli.ranks import without_nproc
+from feedrate.distributed.group import ranks_of
+from feedrate.distributed.launch import free_port
+from feedrate.distributed.node import share
+from feedrate.errors import UserError
+from feedrate.loader.config import LoaderConfig
+from feedrate.loader.shards import sharded
+from feedrate.machine.facts import collect
+from feedrate.results.measurement import Measurement, WindowSummary
+from feedrate.results.processes import ProbeReport, ProcessFigures
+from feedrate.results.spread import Spread
+from feedrate.search.ranks import slowest
+
+from pipelines import SleepDataset, TinyDataset, UnshardedStream
+
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+
+
+def measured(rate: float, main_cpu: float, busy: float) -> Measurement:
+    return Measurement(
+        config=LoaderConfig(2),
+        samples_per_s=rate,
+        batches_per_s=rate / 8,
+        spread=Spread.of_rates([rate * 0.98, rate, rate * 1.02]),
+        startup_s=0.1,
+        epoch_restart_s=[],
+        window=WindowSummary(10, 80, 1.0, 1, "windows", 2, 0.1),
+        processes=ProbeReport(
+            wall_s=1.0,
+            main=ProcessFigures("main", cpu_util=main_cpu),
+            workers=[
+                ProcessFigures("worker", cpu_util=0.2),
+                ProcessFigures("worker", cpu_util=0.2),
+            ],
+            shm_peak_bytes=int(rate),
+            system_busy_cpus=busy,
+        ),
+        machine={},
+    )
+
+
+def test_the_job_is_read_as_its_slowest_rank() -> None:
+    fast, slow = measured(1000.0, 0.3, 1.6), measured(600.0, 0.5, 1.7)
+    m = slowest([fast, slow])
+    assert m.spread.median == 600.0 and m.rank_rates == [1000.0, 600.0]
+    # The other rank's CPU (0.3 + 2 × 0.2) is the job's own, not other processes' load.
+    others = m.processes.system_busy_cpus - 0.5 - 0.4
+    assert others == pytest.approx(1.7 - 0.7 - 0.9)
+    assert m.processes.shm_peak_bytes == 1000  # the largest any rank saw
+    assert "rank 1 was the slowest of 2" in m.notes
+
+
+def test_each_rank_decides_within_its_share_of_the_node() -> None:
+    node = collect()
+    half = share(node, 2)
+    assert half.cpus_usable == max(1, node.cpus_usable // 2)
+    if node.memory_available_bytes is not None:
+        assert half.memory_available_bytes == node.memory_available_bytes // 2
+    if node.shm_free_bytes is not None:
+        assert half.shm_free_bytes == node.shm_free_bytes // 2
+    assert share(node, 1) is node
+
+
+def test_nodes_are_numbered_and_ranks_counted_per_node() -> None:
+    r = ranks_of(3, ["a", "a", "b", "b"])
+    assert (r.node, r.nodes, r.local_rank, r.local_world, r.world) == (1, 2, 1, 2, 4)
+    assert r.on_node(0) == [0, 1] and not r.main
+
+
+def test_shards_split_the_epoch_between_the_ranks() -> None:
+    loader = DataLoader(TinyDataset(40), batch_size=4, shuffle=True)
+    seen = []
+    for rank in range(2):
+        shard = sharded(loader, rank, 2)
+        assert isinstance(shard.sampler, DistributedSampler) and shard.batch_size == 4
+        seen += [int(i) for batch in shard for i in batch[:, 0].tolist()]
+    assert sorted(seen) == list(range(40))
+    already = DataLoader(TinyDataset(8), sampler=DistributedSampler(TinyDataset(8), 2, 0))
+    assert sharded(already, 0, 2) is already
+
+
+def test_a_stream_is_not_sharded_behind_its_back() -> None:
+    with pytest.raises(UserError, match="IterableDataset splits its stream itself"):
+        sharded(DataLoader(UnshardedStream(8), batch_size=2), 0, 2)
+
+
+def test_the_ranks_run_the_command_without_its_nproc_option() -> None:
+    argv = ["tune", "x.py:l", "--nproc-per-node", "2", "--fresh", "--nproc-per-node=3"]
+    assert without_nproc(argv) == ["tune", "x.py:l", "--fresh"]
+
+
+TARGET = """
+import os
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+from pipelines import SleepDataset, TinyDataset
+
+class FailsOnRankOne(TinyDataset):
+    def __getitem__(self, i):
+        if os.environ.get("RANK") == "1" and i % 2:
+            raise ValueError("rank one's storage is gone")
+        return super().__getitem__(i)
+
+def loader():
+    return DataLoader(SleepDataset(256, 0.004), batch_size=8)
+
+def failing():
+    return DataLoader(FailsOnRankOne(64), batch_size=4)
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), str(SRC)]),
+    }
+
+
+def _left_behind(marker: str) -> list[psutil.Process]:
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in p.info["cmdline"] or []):
+                left.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return left
+
+
+def test_nproc_per_node_tunes_the_node_and_only_rank_zero_speaks(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    out = tmp_path / "out.json"
+    run = [sys.executable, "-m", "feedrate", "tune", "job.py:loader", "--nproc-per-node", "2"]
+    run += ["--shard", "--budget-s", "10", "--max-workers", "8", "--json", str(out)]
+    done = subprocess.run(
+        run, capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert said.count("feedrate tune job.py:loader") == 1  # one table: rank 0's
+    doc = json.loads(out.read_text())
+    assert doc["ranks"]["world_size"] == 2 and doc["ranks"]["local_world_size"] == 2
+    measured_trials = [t for t in doc["trials"] if t["spread"] is not None]
+    assert measured_trials and all(len(t["rank_rates"]) == 2 for t in measured_trials)
+    assert doc["job_samples_per_s"] == pytest.approx(2 * doc["best_samples_per_s"])
+    # Each rank's share of the 2 CPUs decided it, and the file says the node's whole machine.
+    assert doc["machine"]["cpus_usable"] == collect().cpus_usable
+    assert not _left_behind(str(tmp_path))
+
+
+def test_a_failing_rank_ends_the_job_naming_it_with_no_process_left(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    run = [sys.executable, "-m", "feedrate", "tune", "job.py:failing", "--nproc-per-node", "2"]
+    run += ["--budget-s", "8"]
+    done = subprocess.run(
+        run, capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said[-3000:]
+    assert "rank 1 failed" in said and "rank one's storage is gone" in said
+    assert not _left_behind(str(tmp_path))
+
+
+JOB = """
+import json, sys
+import torch.distributed as dist
+import feedrate
+from torch.utils.data import DataLoader, DistributedSampler
+from pipelines import SleepDataset
+
+dist.init_process_group("gloo")
+data = SleepDataset(192, 0.004)
+loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data))
+result = feedrate.tune(loader, budget_s=8, max_workers=4, use_cache=False)
+with open(f"{sys.argv[1]}.{dist.get_rank()}.json", "w") as f:
+    json.dump({"best": result.best.config.to_dict(), "ranks": result.ranks,
+               "nodes": result.node_rates(), "trials": len(result.trials)}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_two_nodes_take_one_decision_and_report_each_node(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
+    endpoint = f"127.0.0.1:{free_port()}"
+    launchers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                "--rdzv-id=feedrate-test",
+                "job.py",
+                str(tmp_path / "result"),
+            ],
+            env=_env(tmp_path),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    try:
+        outputs = [p.communicate(timeout=300)[0] for p in launchers]
+    finally:
+        for p in launchers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in launchers), "\n".join(o[-2000:] for o in outputs)
+    results = [json.loads((tmp_path / f"result.{r}.json").read_text()) for r in (0, 1)]
+    assert results[0] == results[1]  # the same decision on every rank
+    assert results[0]["ranks"]["nodes"] == 2 and len(results[0]["nodes"]) == 2
+
+
+def test_outside_a_job_nothing_changes() -> None:
+    import feedrate
+
+    loader = DataLoader(SleepDataset(64, 0.001), batch_size=8)
+    result = feedrate.tune(loader, budget_s=5, max_workers=2, use_cache=False)
+    assert result.ranks is None and result.node_rates() == []
+    assert result.job_rate == result.best_rate
+    assert not torch.distributed.is_initialized()
