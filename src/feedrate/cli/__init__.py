@@ -54,11 +54,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         # handlers) would only print a traceback.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if interrupts.last_signal() == signal.SIGTERM:
-            click.secho("feedrate: terminated", fg="red", err=True)
-            sys.exit(143)
-        click.secho("feedrate: interrupted", fg="red", err=True)
-        sys.exit(130)
+        terminated = interrupts.last_signal() == signal.SIGTERM
+        if not ranks.quiet():
+            click.secho(
+                f"feedrate: {'terminated' if terminated else 'interrupted'}", fg="red", err=True
+            )
+        sys.exit(143 if terminated else 130)
     except FeedrateError as exc:
         # One unwrapped line: scripts grep it, people read it.
         click.secho(f"feedrate: error: {in_options(exc)}", fg="red", err=True)

@@ -8,6 +8,7 @@ rank 0 alone prints and writes files, the others stay quiet.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -22,10 +23,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The command line as given (``main`` records it): each rank runs it again.
 ARGV: list[str] = []
 
+#: This process started the ranks of a job (``--nproc-per-node``).
+STARTED = False
+
 #: Seconds a rank waits for the others to join the job.
 JOIN_S = 120.0
 
 _FILES = ("json_path", "plot_path", "html_path")
+
+
+def quiet() -> bool:
+    """This process started the ranks, or is a rank other than 0: rank 0 says what happened."""
+    from feedrate.distributed import group
+
+    return STARTED or (group.launched() and os.environ.get("RANK") != "0")
 
 
 def without_nproc(argv: Sequence[str]) -> list[str]:
@@ -78,6 +89,8 @@ def _start(ranks: int) -> None:
             "--nproc-per-node starts the ranks itself: under torchrun, leave it out (torchrun's "
             "--nproc-per-node says how many)"
         )
+    global STARTED
+    STARTED = True
     output.err.print(f"feedrate: starting {ranks} ranks on this machine", highlight=False)
     code = launch.run_ranks([sys.executable, "-m", "feedrate", *without_nproc(ARGV)], ranks)
     if code:

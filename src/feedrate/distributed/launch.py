@@ -21,6 +21,9 @@ from collections.abc import Sequence
 #: Seconds the other ranks get to end by themselves after one failed.
 GRACE_S = 15.0
 
+#: Seconds the ranks get to end on a Ctrl-C (it reached them too) before SIGTERM.
+INTERRUPT_GRACE_S = 10.0
+
 #: Seconds between SIGTERM and SIGKILL for a rank that does not end.
 KILL_AFTER_S = 5.0
 
@@ -64,11 +67,20 @@ def run_ranks(command: Sequence[str], ranks: int, *, grace_s: float = GRACE_S) -
             if deadline is not None and time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+    except KeyboardInterrupt:
+        _wait_all(procs, INTERRUPT_GRACE_S)  # the same Ctrl-C reached them: let them end
+        raise
     finally:
         stop(procs)
     if failed_code is None:
         failed_code = next((p.returncode for p in procs if p.returncode), 0)
     return _status(failed_code)
+
+
+def _wait_all(procs: Sequence[subprocess.Popen[bytes]], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
 
 
 def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:

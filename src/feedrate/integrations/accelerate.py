@@ -86,8 +86,9 @@ def tune_prepared(accelerator: Any, prepared: Any, **tune_kwargs: Any) -> TuneRe
     put the tuned one in its place. ``tune_kwargs`` go to ``feedrate.tune``.
 
     On several processes every one measures at once, its own shard (the node tuned as a
-    unit), and every process applies the same answer; the answer and, with ``dispatch_batches``, what that costs the main process are
-    printed once (``accelerator.print``). Returns the ``TuneResult`` on every process.
+    unit), and every process applies the same answer; the answer and, with
+    ``dispatch_batches``, what that costs the main process are printed once
+    (``accelerator.print``). Returns the ``TuneResult`` on every process.
     """
     if framework_of(prepared) != "accelerate":
         raise UserError(

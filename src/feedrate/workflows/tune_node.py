@@ -79,7 +79,7 @@ def lead(channel: Channel, run: Callable[[], TuneResult]) -> TuneResult:
     failure, the others are told to stop before it is raised here."""
     try:
         result = run()
-    except BaseException as exc:
+    except Exception as exc:  # an interrupt reaches every rank itself: no message then
         with contextlib.suppress(RankError):  # a rank gone already: the launcher ends the rest
             channel.broadcast({"do": "stop", **failure(0, exc)})
         raise
@@ -99,7 +99,7 @@ def follow(channel: Channel, search: TuneSearch) -> TuneResult:
             limits = TrialLimits(**message["limits"])
             try:
                 mine = measured_here(search, config, limits, channel.ranks.rank)
-            except BaseException as exc:  # not the pipeline's: tell rank 0, then stop here
+            except Exception as exc:  # not the pipeline's: tell rank 0, then stop here
                 channel.all_gather(failure(channel.ranks.rank, exc))
                 raise
             channel.all_gather(mine)
