@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,7 @@ def test_the_ranks_run_the_command_without_its_nproc_option() -> None:
 
 TARGET = """
 import os
+import signal
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 from pipelines import SleepDataset, TinyDataset
@@ -246,3 +248,30 @@ def test_outside_a_job_nothing_changes() -> None:
     assert result.ranks is None and result.node_rates() == []
     assert result.job_rate == result.best_rate
     assert not torch.distributed.is_initialized()
+
+
+def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    run = [sys.executable, "-m", "feedrate", "tune", "job.py:loader", "--nproc-per-node", "2"]
+    run += ["--budget-s", "120", "--fresh"]
+    p = subprocess.Popen(
+        run,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job is
+    )
+    assert p.stdout is not None
+    seen = []
+    for line in p.stdout:  # the first trial done: both ranks are measuring the next
+        seen.append(line)
+        if "(your settings)" in line:
+            break
+    os.killpg(p.pid, signal.SIGINT)
+    rest, _ = p.communicate(timeout=120)
+    said = "".join(seen) + rest
+    assert p.returncode == 130, said[-2000:]
+    assert said.count("feedrate: interrupted") == 1
+    assert not _left_behind(str(tmp_path))
