@@ -167,7 +167,21 @@ def test_nproc_per_node_tunes_the_node_and_only_rank_zero_speaks(tmp_path: Path)
     assert doc["job_samples_per_s"] == pytest.approx(2 * doc["best_samples_per_s"])
     # Each rank's share of the 2 CPUs decided it, and the file says the node's whole machine.
     assert doc["machine"]["cpus_usable"] == collect().cpus_usable
+    assert "no-distributed-sampler" not in {f["id"] for f in doc["findings"]}  # --shard
     assert not _left_behind(str(tmp_path))
+
+
+def test_every_rank_reading_every_sample_is_named(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    out = tmp_path / "out.json"
+    run = [sys.executable, "-m", "feedrate", "tune", "job.py:loader", "--nproc-per-node", "2"]
+    run += ["--budget-s", "6", "--max-workers", "2", "--json", str(out)]
+    done = subprocess.run(
+        run, capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    found = {f["id"]: f for f in json.loads(out.read_text())["findings"]}
+    assert "no-distributed-sampler" in found
 
 
 def test_a_failing_rank_ends_the_job_naming_it_with_no_process_left(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import difflib
 
-from feedrate.checks import bottleneck, dataset, machine, threads, transfer, tune, workers
+from feedrate.checks import bottleneck, dataset, machine, ranks, threads, transfer, tune, workers
 from feedrate.results.findings import FindingDoc
 
-_FAMILIES = (bottleneck, workers, machine, dataset, threads, transfer, tune)
+_FAMILIES = (bottleneck, workers, machine, dataset, threads, transfer, tune, ranks)
 
 #: Every finding id feedrate reports, in alphabetical order.
 CATALOG: dict[str, FindingDoc] = {

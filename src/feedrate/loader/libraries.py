@@ -97,6 +97,24 @@ def splits_by_worker(dataset: object) -> str | None:
     return None
 
 
+def splits_by_rank(dataset: object) -> str | None:
+    """Why the library is known to give each rank of a distributed job its own part of the
+    data, or None when it is not known to: MosaicML's and litdata's streaming datasets (they
+    read the job's ranks themselves), a Hugging Face IterableDataset split by
+    ``split_dataset_by_node``, webdataset with ``split_by_node`` or resampled shards."""
+    if _is(dataset, "streaming", "StreamingDataset"):
+        return "MosaicML's StreamingDataset partitions its samples between ranks"
+    if _is(dataset, "litdata", *LITDATA_DATASETS):
+        return "litdata's streaming datasets partition their chunks between ranks"
+    if _is(dataset, "datasets", "IterableDataset") and getattr(dataset, "_distributed", None):
+        return "the Hugging Face IterableDataset is split by split_dataset_by_node"
+    if "split_by_node" in [_stage_name(s) for s in _stages(dataset)]:
+        return "the webdataset pipeline splits its shards by node"
+    if resampled(dataset):
+        return "the webdataset pipeline draws its shards per rank (resampled)"
+    return None
+
+
 def unsafe_to_iterate_here(dataset: object) -> str | None:
     """Why iterating ``dataset`` in this process would break the workers forked after it, or
     None: MosaicML's ``StreamingDataset`` takes file locks and shared memory on its first

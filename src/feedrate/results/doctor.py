@@ -8,7 +8,8 @@ many findings are errors or warnings), ``bottleneck`` (the pipeline's class), ``
 configurations measured, as in ``feedrate.tune/1``), ``loader_alone`` and
 ``consumer_alone_samples_per_s`` (with a consumer), ``evidence`` (what the experiments saw),
 ``checks`` (each check's ``name``, ``status`` ok / failed / skipped, ``seconds``, ``detail``),
-``seconds``, ``pipeline_error``.
+``seconds``, ``pipeline_error``; ``ranks`` in every rank of a distributed job (the job's
+shape and each rank's facts, ``RankFacts``), null outside one.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class Report:
     consumer: dict[str, Any] | None = None
     pipeline_error: str | None = None
     feedrate_version: str = ""
+    #: In a distributed job: its shape (``Ranks.to_dict()``) and ``per_rank``, each rank's
+    #: ``RankFacts`` as a dict, from which the node's findings were judged.
+    ranks: dict[str, Any] | None = None
 
     @property
     def problems(self) -> list[Finding]:
@@ -101,6 +105,7 @@ class Report:
             "checks": [c.to_dict() for c in self.checks],
             "seconds": self.seconds,
             "pipeline_error": self.pipeline_error,
+            "ranks": self.ranks,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -130,6 +135,7 @@ class Report:
             consumer=d.get("consumer"),
             pipeline_error=d.get("pipeline_error"),
             feedrate_version=d.get("feedrate_version", ""),
+            ranks=d.get("ranks"),
         )
 
     @classmethod

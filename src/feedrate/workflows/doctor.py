@@ -59,6 +59,7 @@ from feedrate.results.evidence import Container
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
 from feedrate.units import size
+from feedrate.workflows.doctor_node import on_the_node
 from feedrate.workflows.doctor_steps import (
     BRIEF_SECONDS,
     MEMORY_SECONDS,
@@ -116,7 +117,7 @@ def doctor(
     doc.compared.seconds, doc.loaders, doc.compared.source = trial_seconds, loaders, loaders.source
     for name in STEPS:
         doc.step(name)
-    return doc.report(target)
+    return on_the_node(doc.report(target), loaders.first, wanted, trial_seconds + timeout_s)
 
 
 def tune_checks(

@@ -38,6 +38,14 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "data-stall": ("performance", "memory"),
     "trials-failed": ("performance",),
     "epoch-per-worker": ("static",),
+    # In every rank of a distributed job: each rank's facts, gathered (``doctor_node``).
+    "node-worker-oversubscription": ("node",),
+    "node-thread-oversubscription": ("node",),
+    "node-memory": ("node", "performance"),
+    "node-pinned-memory": ("node", "batch"),
+    "node-shm-too-small": ("node", "batch"),
+    "no-distributed-sampler": ("node",),
+    "dispatch-batches": ("node",),
 }
 #: The steps in the order they run (cheap and independent of the pipeline's speed first; the
 #: batch before any run of the user's batches through /dev/shm, so that those predicted to

@@ -152,7 +152,7 @@ def tune(
         checks = _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
         result.findings = by_severity([*result.findings, *checks])
         if channel is not None:
-            tune_node.for_the_job(result, channel.ranks, node_facts)
+            tune_node.for_the_job(result, run, channel.ranks, node_facts)
         if use_cache and not result.partial:
             cache.save(cache_key, result.to_dict())
         return result

@@ -17,15 +17,20 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.checks.ranks import node_findings
 from feedrate.distributed import group
 from feedrate.distributed.channel import Channel, RankError, failed, failure
+from feedrate.distributed.facts import rank_facts
 from feedrate.distributed.group import Ranks
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import loader_of
 from feedrate.loader.shards import sharded
 from feedrate.machine.facts import MachineFacts
+from feedrate.results.findings import by_severity
 from feedrate.results.measurement import Measurement
+from feedrate.results.ranks import RankFacts
+from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
 from feedrate.search.ranks import slowest
 from feedrate.workflows.tune_search import TrialLimits, TuneSearch
@@ -49,6 +54,14 @@ class NodeSearch(TuneSearch):
         )
         return gathered(self.channel, measured_here(self, config, limits, 0))
 
+    def node_facts(self, baseline: Trial) -> list[RankFacts]:
+        """Every rank's facts with your settings (``distributed.facts``), with the sizes your
+        settings' trial measured, for the node's checks. A rank whose facts fail is left out."""
+        sizes = {"batch_bytes": baseline.batch_bytes, "memory_bytes": baseline.memory_bytes}
+        self.channel.broadcast({"do": "facts", **sizes})
+        docs = self.channel.all_gather(facts_here(self, self.channel.ranks, sizes))
+        return [RankFacts.from_dict(d) for d in docs if failed(d) is None]
+
 
 def measured_here(search: TuneSearch, config: LoaderConfig, limits: TrialLimits, rank: int) -> Any:
     """This rank's measurement as a document, or the failure of its pipeline as one."""
@@ -58,6 +71,13 @@ def measured_here(search: TuneSearch, config: LoaderConfig, limits: TrialLimits,
         doc = failure(rank, exc)
         doc["kind"] = type(exc).__name__
         return doc
+
+
+def facts_here(search: TuneSearch, ranks: Ranks, sizes: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return rank_facts(search.loader, ranks, **sizes).to_dict()
+    except Exception as exc:  # the node's checks go on without this rank's facts
+        return failure(ranks.rank, exc)
 
 
 def gathered(channel: Channel, mine: Any) -> Measurement:
@@ -103,6 +123,9 @@ def follow(channel: Channel, search: TuneSearch) -> TuneResult:
                 channel.all_gather(failure(channel.ranks.rank, exc))
                 raise
             channel.all_gather(mine)
+        elif message.get("do") == "facts":
+            sizes = {k: message.get(k) for k in ("batch_bytes", "memory_bytes")}
+            channel.all_gather(facts_here(search, channel.ranks, sizes))
         elif message.get("do") == "done":
             return TuneResult.from_dict(message["result"])
         else:
@@ -143,8 +166,17 @@ def coordinated(
         channel.close()
 
 
-def for_the_job(result: TuneResult, ranks: Ranks, node: MachineFacts) -> None:
-    """Say in ``result`` that it was tuned over ``ranks``: the job's shape, and the node's
-    whole machine (the search decided within one rank's share of it)."""
+def for_the_job(result: TuneResult, run: TuneSearch, ranks: Ranks, node: MachineFacts) -> None:
+    """Say in ``result`` that it was tuned over ``ranks``: the job's shape, the node's whole
+    machine (the search decided within one rank's share of it), and the findings that only
+    exist with several ranks, on your settings (``checks.ranks``; rank 0, the others send
+    their facts)."""
     result.ranks = ranks.to_dict()
     result.machine = node.to_dict()
+    if not isinstance(run, NodeSearch):
+        return
+    found = node_findings(run.node_facts(result.baseline), result.machine)
+    if result.best.config.num_workers * ranks.local_world > (node.cpus_usable or 0):
+        # More workers than CPUs measured to pay here (they mostly wait): not a warning.
+        found = [f for f in found if f.id != "node-worker-oversubscription"]
+    result.findings = by_severity([*result.findings, *found])
