@@ -17,6 +17,45 @@ from feedrate.errors import UserError
 from feedrate.loader import libraries
 
 
+class Surface:
+    """What a training loop reads off the DataLoader an ``AutoLoader`` wraps (``_user``),
+    passed on to it or to the lane in use (``_lane``)."""
+
+    _user: DataLoader[Any]
+    _lane: Any
+    _resume: dict[str, Any] | None
+
+    @property
+    def dataset(self) -> Any:
+        return self._user.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._user.batch_size
+
+    @property
+    def sampler(self) -> Any:
+        return self._user.sampler
+
+    def __len__(self) -> int:
+        return len(self._user)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed to the sampler (e.g. ``DistributedSampler``) or a batch sampler's sampler,
+        and to a dataset with a ``set_epoch`` of its library's (Hugging Face, litdata)."""
+        set_epoch(self._user, epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's resumption state (litdata's or MosaicML's
+        ``StreamingDataLoader``), from the settings in use; ``UserError`` where it has none."""
+        return state_dict(None if self._lane is None else self._lane.loader, self._user)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` (what ``state_dict`` gave): the next epoch's loader takes it."""
+        can_load_state(self._user)
+        self._resume = state
+
+
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
     """``epoch`` to the first of the sampler (e.g. ``DistributedSampler``), the batch
     sampler's sampler and the batch sampler that takes it, and to the dataset where its

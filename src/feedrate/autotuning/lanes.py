@@ -55,16 +55,18 @@ class Stream:
 
 class Feed(Sampler[list[Any]]):
     """The batch sampler of a lane: it takes index batches from the epoch's stream as
-    DataLoader asks, until frozen. While ``kept`` is a list it records what it took, so a lane
-    that fails to start can put it back."""
+    DataLoader asks, until frozen; then the ``tail`` it was given (batches taken for it from the
+    stream, so that its last batch is one every rank of a job knows). While ``kept`` is a list
+    it records what it took, so a lane that fails to start can put it back."""
 
     def __init__(self) -> None:
         self.stream: Stream | None = None
         self.frozen = False
         self.kept: list[list[Any]] | None = None
+        self.tail: list[list[Any]] = []
 
     def set(self, stream: Stream) -> None:
-        self.stream, self.frozen = stream, False
+        self.stream, self.frozen, self.tail = stream, False, []
 
     def __iter__(self) -> Iterator[list[Any]]:
         while not self.frozen and self.stream is not None:
@@ -74,11 +76,13 @@ class Feed(Sampler[list[Any]]):
             if self.kept is not None:
                 self.kept.append(batch)
             yield batch
+        while self.tail:
+            yield self.tail.pop(0)
 
     def __len__(self) -> int:
         stream = self.stream
         if stream is None or self.frozen:
-            return 0
+            return len(self.tail)
         if stream.length is None:
             return 1 << 30  # unknown: as long as the user's sampler goes on
         return max(0, stream.length - stream.taken)
@@ -101,9 +105,10 @@ class Lane:
             self.loader.generator = torch.Generator().manual_seed(seed)
         self.it: Any = None
 
-    def start(self, stream: Stream | None) -> None:
+    def start(self, stream: Stream | None, *, keep: bool = False) -> None:
         """Start iterating; with a stream, on its next batches. Should the workers fail to
-        start, the batches this lane took go back to the stream."""
+        start, the batches this lane took go back to the stream; with ``keep`` it goes on
+        recording them until ``kept`` (or ``give_back``) says whether it stays."""
         if self.feed is None or stream is None:
             with quiet_worker_count_warning():
                 self.it = iter(self.loader)
@@ -118,15 +123,35 @@ class Lane:
             stream.put_back(self.feed.kept)
             raise
         finally:
-            self.feed.kept = None
+            if not keep:
+                self.feed.kept = None
 
-    def freeze(self) -> None:
-        """Take no more batches from the stream (those taken are still yielded)."""
+    def stays(self) -> None:
+        """The lane stays: what it took is its own."""
         assert self.feed is not None
+        self.feed.kept = None
+
+    def give_back(self, stream: Stream) -> None:
+        """The lane will not run (another rank's could not start): the batches it took go
+        back to ``stream``, to be handed out first. Close it after."""
+        assert self.feed is not None and self.feed.kept is not None
+        self.feed.frozen = True
+        stream.put_back(self.feed.kept)
+        self.feed.kept = None
+
+    def freeze(self, tail: list[list[Any]] | None = None) -> None:
+        """Take no more batches from the stream (those taken are still yielded), then
+        ``tail``'s."""
+        assert self.feed is not None
+        self.feed.tail = list(tail or [])
         self.feed.frozen = True
 
-    def thaw(self) -> None:
+    def thaw(self, stream: Stream | None = None) -> None:
+        """Take batches from the stream again; its ``tail`` goes back to ``stream`` first."""
         assert self.feed is not None
+        if self.feed.tail and stream is not None:
+            stream.put_back(self.feed.tail)
+        self.feed.tail = []
         self.feed.frozen = False
 
     def close(self) -> None:

@@ -18,12 +18,16 @@ the sampler's order, while worker start-up overlaps the drain.
 An ``IterableDataset`` (or a loader without automatic batching) yields its own stream, which
 cannot be split between loaders: there, settings change only between epochs, each epoch being
 one trial.
+
+In a distributed job every rank iterates its own ``AutoLoader`` and they switch together, at
+the same batches, from the figures of every rank (``autotuning.ranked``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,7 +35,12 @@ from torch.utils.data import DataLoader
 
 from feedrate.autotuning import delegation
 from feedrate.autotuning.lanes import Lane, Stream
-from feedrate.autotuning.start import save, starting_point
+from feedrate.autotuning.probing import TrialProbe
+from feedrate.autotuning.ranked import Job, local_ranks
+from feedrate.autotuning.start import Start, save, starting_point, tuner_for
+from feedrate.distributed import group
+from feedrate.distributed.channel import RankError
+from feedrate.distributed.node import share
 from feedrate.errors import UserError
 from feedrate.loader import libraries
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
@@ -39,19 +48,18 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import thread_safety
-from feedrate.measuring.measure import warmup_batches
-from feedrate.measuring.processes import ProcessProbe
 from feedrate.results.autotune import AutotuneReport
-from feedrate.results.processes import ProbeReport
-from feedrate.search.online_trial import TrialTiming
+from feedrate.results.evidence import ThreadCheck
 from feedrate.search.space import Proposal
-from feedrate.search.tuner import BUDGET_S, CheckThreads, OnlineTuner, Settle
+from feedrate.search.tuner import BUDGET_S, Action, CheckThreads, OnlineTuner, Settle
 
 
-class AutoLoader:
+class AutoLoader(delegation.Surface):
     """Iterate it as the DataLoader it wraps (see ``autotune``). It runs the lanes, reads the
     ``clock`` (s) around each ``next()``, watches the processes of each trial with a probe, and
-    hands what it saw to the ``OnlineTuner``, which decides."""
+    hands what it saw to the ``OnlineTuner``, which decides. ``coordinate``: in a distributed
+    job, tune with the other ranks (None: when ``torch.distributed`` runs more than one rank
+    at the first iteration; False: this process alone)."""
 
     def __init__(
         self,
@@ -64,76 +72,33 @@ class AutoLoader:
         rate: float | None = None,
         budget_s: float = BUDGET_S,
         clock: Callable[[], float] = time.perf_counter,
+        coordinate: bool | None = None,
     ) -> None:
         self._user = loader
         self._clock = clock
         self._split = not is_iterable_style(loader) and loader.batch_sampler is not None
         self._count = sample_counter(loader)
-        start = starting_point(
-            loader,
-            machine or collect(),
-            max_workers=max_workers,
-            allow_threads=allow_threads,
-            use_cache=use_cache,
-            split=self._split,
-        )
-        self._cache_key = start.cache_key
-        self._tuner = OnlineTuner(
-            start.space,
-            start.config,
-            start.started_from,
-            settled=start.settled,
-            settled_stall=start.stall,
-            warmup=warmup_batches,
-            rate=rate,
-            budget_s=budget_s,
-        )
+        self._machine, self._rate, self._budget_s = machine, rate, budget_s
+        self._max_workers, self._threads = max_workers, allow_threads
+        self._use_cache, self._coordinate = use_cache, coordinate
+        self._job: Job | None = None  # the other ranks, from the first iteration
+        self._joined = False
+        self._switch_at: int | None = None  # the batch the ranks' next lane starts at
+        self._tuner = self._tuner_of(self._starting(local_ranks()), counted=False)
         self._lane: Lane | None = None
         self._next: Lane | None = None  # started on the indices after the lane draining
-        self._probe: ProcessProbe | None = None
-        self._probed: TrialTiming | None = None  # the trial the probe watches
-        self._window = False  # the probe's window is open
+        self._probe = TrialProbe()
         self._seed = 0
         #: A WebLoader's stages after its DataLoader, run on the tuned epochs (see autotune).
         self._pipeline: Callable[[], Iterator[Any]] | None = None
         self._resume: dict[str, Any] | None = None  # a state for the next lane (load_state_dict)
 
-    # --- what a training loop uses -------------------------------------------------------------
-
-    @property
-    def dataset(self) -> Any:
-        return self._user.dataset
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._user.batch_size
-
-    @property
-    def sampler(self) -> Any:
-        return self._user.sampler
+    # --- what a training loop uses (and delegation.Surface's) --------------------------------
 
     @property
     def config(self) -> LoaderConfig:
         """The settings in use now."""
         return self._tuner.config
-
-    def __len__(self) -> int:
-        return len(self._user)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Passed to the sampler (e.g. ``DistributedSampler``) or a batch sampler's sampler,
-        and to a dataset with a ``set_epoch`` of its library's (Hugging Face, litdata)."""
-        delegation.set_epoch(self._user, epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The wrapped loader's resumption state (litdata's or MosaicML's
-        ``StreamingDataLoader``), from the settings in use; ``UserError`` where it has none."""
-        return delegation.state_dict(None if self._lane is None else self._lane.loader, self._user)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state`` (what ``state_dict`` gave): the next epoch's loader takes it."""
-        delegation.can_load_state(self._user)
-        self._resume = state
 
     def report(self) -> AutotuneReport:
         """What was tried and why, and the settings in use."""
@@ -143,7 +108,7 @@ class AutoLoader:
 
     def close(self) -> None:
         """End the worker processes now (they also end when this object is collected)."""
-        self._stop_probe()
+        self._probe.stop()
         for lane in (self._lane, self._next):
             if lane is not None:
                 lane.close()
@@ -159,13 +124,59 @@ class AutoLoader:
     def __iter__(self) -> Iterator[Any]:
         try:
             yield from (self._epoch() if self._pipeline is None else self._pipeline())
-        except BaseException:
+        except BaseException as exc:
             self.close()  # an error or Ctrl-C in the loop (or ours): no worker left behind
+            if self._job is not None and not isinstance(exc, RankError):
+                where = f"at batch {self._tuner.batch} of epoch {self._tuner.epoch}"
+                self._job.stop(where, exc)  # the other ranks must not wait for this one
             raise
+
+    # --- where it starts, alone or with the other ranks ------------------------------------------
+
+    def _starting(self, local_ranks: int) -> Start:
+        """Where this process starts, deciding within its share of the node's CPUs, memory,
+        /dev/shm and open files (``local_ranks`` ranks share it)."""
+        self._local_ranks = local_ranks
+        facts = share(self._machine or collect(), local_ranks)
+        self._start = starting_point(
+            self._user,
+            facts,
+            max_workers=self._max_workers,
+            allow_threads=self._threads,
+            use_cache=self._use_cache,
+            split=self._split,
+        )
+        return self._start
+
+    def _tuner_of(self, start: Start, *, counted: bool) -> OnlineTuner:
+        self._cache_key = start.cache_key
+        return tuner_for(start, rate=self._rate, budget_s=self._budget_s, counted=counted)
+
+    def _join(self) -> None:
+        """At the first iteration of a distributed job, with every rank (collective): rank 0's
+        starting point on every rank, and trials that end on batch counts."""
+        if self._coordinate is False or not group.active():
+            self._joined = True
+            return
+        job = self._job = Job.open()  # should it fail, the next iteration tries again
+        self._joined = True
+        start = self._start
+        if job.main and job.channel.ranks.local_world != self._local_ranks:
+            try:  # the launcher did not say how many ranks share the node
+                start = self._starting(job.channel.ranks.local_world)
+            except Exception as exc:
+                job.failing(exc)
+                raise
+        self._tuner = self._tuner_of(Start.from_dict(job.first(start.to_dict())), counted=True)
+        if not job.main:
+            self._cache_key = None  # rank 0 keeps what the job settles on
+        job.same_length(epoch_length(self._user) if self._split else None)
 
     # --- one epoch -----------------------------------------------------------------------------
 
     def _epoch(self) -> Iterator[Any]:
+        if not self._joined:
+            self._join()
         yield from self._split_epoch() if self._split else self._whole_epoch()
         if self._lane is not None:  # the library's epoch count goes on in the next lane
             libraries.carry_state(self._lane.loader, self._user)
@@ -198,7 +209,7 @@ class AutoLoader:
             if (
                 self._next is None
                 and lane.feed is not None
-                and stream.left()
+                and (self._job is not None or stream.left())  # ranks: decided on batch counts
                 and self._tuner.trial_done(back)
             ):
                 self._next = self._switch_later(lane, stream)
@@ -236,36 +247,62 @@ class AutoLoader:
     def _observe(self, lane: Lane, batch: Any, wait: float, step: float, now: float) -> None:
         size = batch_nbytes(batch) if self._tuner.wants_batch_bytes else None
         self._tuner.observe(self._count(batch), wait, step, now, size)
+        if self._job is not None and self._tuner.watch_due is not None:
+            self._job.watch(self._tuner, now)  # a watch stretch ends on every rank here
         self._follow(lane, now)
 
     def _epoch_end(self) -> None:
         trial = self._tuner.trial
-        if trial is not None and trial.measured >= 4:
+        # With other ranks: every rank's trial started at the same batch; whether each measured
+        # enough is for the call to say (a stream's epochs may differ in length by rank).
+        ranked = self._job is not None and trial is not None and trial.started
+        if ranked or (self._job is None and trial is not None and trial.measured >= 4):
             proposal = self._decide()
             if proposal is not None:
                 self._tuner.moved(*proposal, drain=False)  # it runs from the next epoch
 
     # --- trials ----------------------------------------------------------------------------------
 
-    def _decide(self) -> Proposal | None:
+    def _decide(self, taken: int | None = None) -> Proposal | None:
         """Conclude the trial in progress: the configuration to move to, or None to stay.
-        Runs the thread-safety check the tuner asks for, and keeps what it settles on."""
+        Runs the thread-safety check the tuner asks for, and keeps what it settles on. With
+        other ranks, from every rank's figures (``taken``: batches this rank's lanes took from
+        the epoch's stream)."""
         now = self._clock()
-        action = self._tuner.conclude(now, self._close_probe(now))
+        processes = self._probe.close(self._tuner.trial, now)
+        action: Action | None
+        if self._job is None:
+            action = self._tuner.conclude(now, processes)
+        else:
+            action, figures = self._job.conclude(self._tuner, processes, now, taken)
+            self._switch_at = figures.switch_at
         while isinstance(action, CheckThreads):
-            check = thread_safety.check(self._user.dataset, action.threads)
-            action = self._tuner.threads_checked(check, self._clock())
+            action = self._tuner.threads_checked(self._thread_check(action), self._clock())
+        if action is None:
+            return None  # not every rank measured enough: the trial goes on
         if isinstance(action, Settle):
             save(self._cache_key, action.config, action.stall)
             return None if action.config == self._tuner.config else (action.config, "settled")
         return action.config, action.why
 
+    def _thread_check(self, action: CheckThreads) -> ThreadCheck:
+        run = partial(thread_safety.check, self._user.dataset, action.threads)
+        return run() if self._job is None else self._job.thread_check(run)
+
     def _switch_later(self, lane: Lane, stream: Stream) -> Lane | None:
         """At the end of a trial: the next lane, already started on the indices after the
         ones this lane took (it is drained first), or None to stay on this one."""
-        proposal = self._decide()
+        proposal = self._decide(stream.taken)
         if proposal is None:
             return None
+        if self._job is not None:  # at the same batch on every rank
+            seed = self._seed + len(self._tuner.trials)
+            make = lambda: Lane(self._user, proposal[0], True, seed)  # noqa: E731
+            at, clock = self._switch_at, self._clock
+            nxt = self._job.switch(self._tuner, lane, stream, proposal, at, make, clock)
+            if nxt is None:
+                self._follow(lane, self._clock())
+            return nxt
         nxt = Lane(self._user, proposal[0], True, self._seed + len(self._tuner.trials))
         lane.freeze()  # from here on the stream's batches are the next lane's
         try:
@@ -291,38 +328,8 @@ class AutoLoader:
         self._follow(nxt, now)
         return nxt
 
-    # --- the probe of a trial ----------------------------------------------------------------
-
     def _follow(self, lane: Lane, now: float) -> None:
-        """Keep a probe on the tuner's trial in progress: a trial that started gets a probe on
-        ``lane``'s processes, whose window opens when the trial's does."""
-        trial = self._tuner.trial
-        if trial is not None and not trial.started:
-            trial = None  # planned for the next epoch's lane
-        if trial is not self._probed:
-            self._stop_probe()
-            if trial is not None:
-                self._probe = ProcessProbe().__enter__()
-                self._probe.attach(lane.it)
-                self._probed, self._window = trial, False
-        if trial is not None and trial.opened and not self._window and self._probe is not None:
-            self._probe.window_open(now)
-            self._window = True
-
-    def _close_probe(self, now: float) -> ProbeReport | None:
-        """What the probe saw over the trial's window, closed at ``now``; the probe ends."""
-        probe = self._probe
-        if probe is None or self._probed is not self._tuner.trial:
-            return None
-        probe.window_close(now)
-        report = probe.report()
-        self._stop_probe()
-        return report
-
-    def _stop_probe(self) -> None:
-        if self._probe is not None:
-            self._probe.__exit__()
-        self._probe, self._probed, self._window = None, None, False
+        self._probe.follow(self._tuner.trial, lane.it, now)
 
 
 def autotune(
@@ -334,6 +341,7 @@ def autotune(
     allow_threads: bool = False,
     cache: bool = True,
     machine: MachineFacts | None = None,
+    coordinate: bool | None = None,
 ) -> AutoLoader:
     """Wrap ``loader`` so it tunes its own settings while the training loop iterates it.
 
@@ -353,6 +361,13 @@ def autotune(
     ``loader`` may be webdataset's ``WebLoader``: its DataLoader is tuned and the stages after
     it run on the tuned batches. ``state_dict``/``load_state_dict`` are those of a streaming
     loader (litdata's, MosaicML's); ``set_epoch`` reaches a library dataset's own too.
+
+    In a distributed job (``torch.distributed`` initialized with several ranks when the loop
+    first iterates), call it in every rank: the ranks meet at that first iteration (so every
+    rank must iterate its loader at the same point, as training does), start from rank 0's
+    settings, switch together at the same batches on the figures of every rank, and keep
+    their own shard's order; each decides within its share of the node, only rank 0 writes the
+    cache. ``coordinate=False`` tunes this process alone (a loader only one rank iterates).
     """
     webloader = libraries.webloader_parts(loader)
     inner = loader if webloader is None else webloader[0]
@@ -374,6 +389,7 @@ def autotune(
         machine=machine,
         rate=None if rate is None else float(rate),
         budget_s=float(budget_s),
+        coordinate=coordinate,
     )
     if webloader is not None:  # wds.WebLoader: tune its DataLoader, keep the stages after it
         auto._pipeline = delegation.around(loader, auto._epoch)

@@ -6,7 +6,7 @@ worker per usable CPU; and whether an IterableDataset may be given workers at al
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -21,11 +21,12 @@ from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import device as devices
+from feedrate.measuring.measure import warmup_batches
 from feedrate.measuring.shm import main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
 from feedrate.search.space import Space
-from feedrate.search.tuner import online
+from feedrate.search.tuner import OnlineTuner, online
 
 #: How ``started_from`` reads when the settings came from the cache.
 FROM_CACHE = "the cached settings of an earlier run"
@@ -44,6 +45,18 @@ class Start:
     stall: float | None
     space: Space
     cache_key: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, to send to the other ranks of a job."""
+        space = {**asdict(self.space), "baseline": self.space.baseline.to_dict()}
+        return {**asdict(self), "config": self.config.to_dict(), "space": space}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Start:
+        space = {**doc["space"], "baseline": LoaderConfig.from_dict(doc["space"]["baseline"])}
+        return cls(
+            **{**doc, "config": LoaderConfig.from_dict(doc["config"]), "space": Space(**space)}
+        )
 
 
 def accelerator() -> str | None:
@@ -93,6 +106,21 @@ def starting_point(
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE
     return Start(config, started_from, settled, stall, space, own if use_cache else None)
+
+
+def tuner_for(start: Start, *, rate: float | None, budget_s: float, counted: bool) -> OnlineTuner:
+    """The online tuner from ``start`` (``counted``: one rank of a job, see ``OnlineTuner``)."""
+    return OnlineTuner(
+        start.space,
+        start.config,
+        start.started_from,
+        settled=start.settled,
+        settled_stall=start.stall,
+        warmup=warmup_batches,
+        rate=rate,
+        budget_s=budget_s,
+        counted=counted,
+    )
 
 
 def within_shm(

@@ -80,16 +80,22 @@ class TrialTiming:
 
     @classmethod
     def planned(
-        cls, config: LoaderConfig, reason: str, warmup: int, epoch_length: int | None
+        cls,
+        config: LoaderConfig,
+        reason: str,
+        warmup: int,
+        epoch_length: int | None,
+        least: int = 0,
     ) -> TrialTiming:
-        """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them
-        and ``TRIAL_BATCHES``; in epochs of ``epoch_length`` batches (None: unknown) too short
-        for its warm-up and one whole round, one whole epoch instead. A warm-up is rounded up to
-        whole rounds: a window opened inside the first round would count its burst."""
+        """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them,
+        ``TRIAL_BATCHES`` and ``least`` (batches); in epochs of ``epoch_length`` batches (None:
+        unknown) too short for its warm-up and one whole round, one whole epoch instead. A warm-up
+        is rounded up to whole rounds: a window opened inside the first round would count its
+        burst."""
         rnd = max(1, config.num_workers)
         if warmup and rnd > 1:
             warmup = -(-warmup // rnd) * rnd  # whole rounds, so the window opens on a round's end
-        need = max(TRIAL_BATCHES, MIN_ROUNDS * rnd)
+        need = max(TRIAL_BATCHES, MIN_ROUNDS * rnd, least)
         if epoch_length is not None and warmup + need > epoch_length:
             fits = (epoch_length - warmup) // rnd
             if fits < 1:
@@ -138,6 +144,19 @@ class TrialTiming:
             return False
         waited = sum(self.waits[self.warmup :])
         return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
+
+    def full(self) -> bool:
+        """Enough measured by batch count alone (``need``, on a whole round): the end of a
+        trial every rank of a job reaches at the same batch, whatever its clock says."""
+        m = self.measured
+        return m >= self.need and (self.whole_epoch or m % self.round_batches == 0)
+
+    def seconds_per_batch(self) -> float | None:
+        """The loop's seconds per measured batch (its wait and step), None before any."""
+        n = self.measured
+        if n == 0:
+            return None
+        return (sum(self.waits[self.warmup :]) + sum(self.steps[self.warmup :])) / n
 
     def result(self, rate: float | None, processes: ProbeReport | None) -> Trial:
         """The measured batches, in whole rounds, as a Trial: the rate delivered to the loop

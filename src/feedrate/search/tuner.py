@@ -2,7 +2,10 @@
 
 Pure and clock-free: the caller reads its clock and passes ``now`` (seconds from any origin)
 with every observation, so the same decisions can be taken from gathered figures and tested
-with a fake clock. The tuner owns the trial in progress (per batch: the samples, the wait in
+with a fake clock. With ``counted`` (the ranks of a job, each with its own tuner) trials end
+and watch windows close on batch counts alone, and the decisions are fed the job's figures
+(``conclude_job``, ``watched``), so every rank takes each decision at the same batch with the
+same outcome. The tuner owns the trial in progress (per batch: the samples, the wait in
 ``next()`` and the step after; when it is done, with the early stop of a starved loop), its
 conclusion into the next step (``next_trial`` over ``propose_online``: configurations
 predicted over a budget skipped, the round's ``budget_s``, settling with ``choose``), the watch
@@ -16,6 +19,7 @@ also what to remember for the next run).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -24,7 +28,7 @@ from feedrate.results.autotune import AutotuneReport, Event
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
 from feedrate.results.trial import Trial
-from feedrate.search.online_trial import TrialTiming
+from feedrate.search.online_trial import TRIAL_S, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose_online
 from feedrate.search.space import STALL_MARGIN, Space, covers
@@ -45,20 +49,22 @@ BUDGET_S = 60.0
 
 @dataclass
 class Watch:
-    """Once settled: the waits and steps (s) of the stretch being watched."""
+    """Once settled: the waits and steps (s) of the stretch being watched, of at least
+    ``need`` batches and (unless ``counted``: batches only) ``WATCH_S`` seconds."""
 
+    need: int = WATCH_BATCHES
+    counted: bool = False
     waited: float = 0.0
     stepped: float = 0.0
     batches: int = 0
 
     def add(self, wait: float, step: float) -> float | None:
-        """The stall of the stretch this batch completes (at least ``WATCH_BATCHES`` batches
-        and ``WATCH_S`` seconds; the next one begins), else None."""
+        """The stall of the stretch this batch completes (the next one begins), else None."""
         self.waited += wait
         self.stepped += step
         self.batches += 1
         total = self.waited + self.stepped
-        if self.batches < WATCH_BATCHES or total < WATCH_S:
+        if self.batches < self.need or (not self.counted and total < WATCH_S):
             return None
         stall = self.waited / total
         self.waited, self.stepped, self.batches = 0.0, 0.0, 0
@@ -103,7 +109,7 @@ class OnlineTuner:
     in ``space``; ``settled``: it only watches, against ``settled_stall`` (None: the first
     watch window measures it). ``warmup(config)``: batches a lane of ``config`` makes before
     its figures count; ``rate``: the consumer's samples/s, where known; ``budget_s``: seconds
-    of trials one round may spend."""
+    of trials one round may spend; ``counted``: one rank of a job (see the module)."""
 
     def __init__(
         self,
@@ -116,8 +122,13 @@ class OnlineTuner:
         warmup: Callable[[LoaderConfig], int],
         rate: float | None = None,
         budget_s: float = BUDGET_S,
+        counted: bool = False,
     ) -> None:
         self.space = replace(space, baseline=start)
+        self.counted = counted
+        self._least = 0  # batches a trial measures at least: TRIAL_S at the job's last pace
+        self._batch_s: float | None = None  # the job's seconds per batch in the last trial
+        self._spent = False  # the round's budget was spent at the last conclusion (counted)
         self._epoch_length: int | None = None
         self.rate, self.budget_s = rate, budget_s
         self.report = AutotuneReport(start, settled=settled, started_from=started_from)
@@ -132,7 +143,10 @@ class OnlineTuner:
         self.thread_check: ThreadCheck | None = None
         self._warmup_of = warmup
         self._warmup_cap = 1 << 30
-        self._watch = Watch()
+        self._watch = self._new_watch()
+        #: The stall of the watch stretch just completed, for the caller to reduce over the
+        #: job's ranks and hand to ``watched`` (counted); None between stretches.
+        self.watch_due: float | None = None
         self._over = 0  # watch windows in a row over the settled stall
         self._round_began: float | None = None  # when this round of tuning began
         self.epoch = 0
@@ -180,6 +194,15 @@ class OnlineTuner:
         stall = self._watch.add(wait, step)
         if stall is None:
             return
+        if self.counted:
+            self.watch_due = stall
+            return
+        self.watched(stall, now)
+
+    def watched(self, stall: float, now: float) -> None:
+        """A watch stretch ended at ``now`` with ``stall`` (counted: the job's, reduced over its
+        ranks): the reference, a window over it, or the trigger to tune again."""
+        self.watch_due = None
         if self.settled_stall is None:
             self.settled_stall = stall  # the reference: settled earlier, on this loop
         elif stall > max(RETUNE_STALL, self.settled_stall + RETUNE_STALL):
@@ -190,8 +213,21 @@ class OnlineTuner:
             self._over = 0
 
     def trial_done(self, now: float) -> bool:
-        """The trial in progress has measured enough to be concluded."""
-        return self.pending is None and self.trial is not None and self.trial.done(now)
+        """The trial in progress has measured enough to be concluded (counted: a trial of this
+        epoch's lane, by its batch count alone)."""
+        trial = self.trial
+        if self.pending is not None or trial is None:
+            return False
+        if self.counted:
+            return trial.started and trial.full()
+        return trial.done(now)
+
+    def round_spent_s(self, now: float) -> float:
+        """Seconds since this round of tuning began, on this process's clock (at ``now``)."""
+        began = self._round_began
+        if began is None:
+            began = self.trial.began if self.trial is not None else now
+        return now - began
 
     def conclude(self, now: float, processes: ProbeReport | None) -> Action:
         """Close the trial in progress (``processes``: what the probe saw over its window) and
@@ -202,7 +238,23 @@ class OnlineTuner:
             self._round_began = trial.began
         self.trials.append(trial.result(self.rate, processes))
         self.trial = None
-        return self._next(now)
+        return self._next(self._spent_at(now))
+
+    def conclude_job(self, trial: Trial, spent_s: float, batch_s: float | None) -> Action:
+        """Close the trial in progress with the job's figures (``trial``: every rank's, reduced;
+        ``spent_s``: the round's seconds; ``batch_s``: the loop's seconds per batch) and decide
+        the next step: the same inputs on every rank, the same action. Later trials measure
+        at least ``TRIAL_S`` at that pace."""
+        assert self.trial is not None, "conclude_job() needs a trial in progress"
+        if self._round_began is None:
+            self._round_began = self.trial.began
+        self.trials.append(trial)
+        self.trial = None
+        self._batch_s = batch_s
+        if batch_s:
+            self._least = math.ceil(TRIAL_S / batch_s)
+        self._spent = spent_s >= self.budget_s
+        return self._next(self._spent)
 
     def threads_checked(self, check: ThreadCheck, now: float) -> Action:
         """The verdict of the check ``CheckThreads`` asked for; a failure takes threads out of
@@ -211,7 +263,7 @@ class OnlineTuner:
         self.space = after_thread_check(self.space, check)
         if not check.ok:
             self._event("no threads", check.reason())
-        return self._next(now)
+        return self._next(self._spent if self.counted else self._spent_at(now))
 
     def moved(self, config: LoaderConfig, why: str, *, drain: bool) -> None:
         """The caller moved to ``config`` (a ``Try``'s or a ``Settle``'s): with ``drain`` a
@@ -237,7 +289,7 @@ class OnlineTuner:
         self.trial, self.pending = self.pending, None
         if self.trial is not None:
             self.trial.start(now)
-        self._watch = Watch()
+        self._watch = self._new_watch()
 
     def stopped(self) -> None:
         """The loop stopped (an error, a break, ``close()``): interrupted mid-trial, the next
@@ -246,9 +298,18 @@ class OnlineTuner:
         if not self.report.settled:
             self.trial = self._timing(self.config, "measured again after a stop", 0)
 
-    def _next(self, now: float) -> Action:
+    def _spent_at(self, now: float) -> bool:
         began = self._round_began
-        spent = began is not None and now - began >= self.budget_s
+        return began is not None and now - began >= self.budget_s
+
+    def _new_watch(self) -> Watch:
+        if not self.counted:
+            return Watch()
+        # Batches only, as many as WATCH_S takes at the job's last pace.
+        pace = math.ceil(WATCH_S / self._batch_s) if self._batch_s else 0
+        return Watch(need=max(WATCH_BATCHES, pace), counted=True)
+
+    def _next(self, spent: bool) -> Action:
         step = next_trial(
             self.space, self.trials, propose_online, spent=spent, thread_check=self.thread_check
         )
@@ -267,6 +328,8 @@ class OnlineTuner:
         self.report.settled = True
         self._round_began = None
         self.settled_stall = best.stall_fraction or 0.0
+        if self.counted:  # a stretch as long as the pace just measured needs
+            self._watch = self._new_watch()
         self._event(f"settled on {best.config.label()}", settled_why(best, self.rate))
         return Settle(best.config, self.settled_stall)
 
@@ -274,6 +337,7 @@ class OnlineTuner:
         cfg = self.config
         self._over = 0
         self._round_began = None
+        self.watch_due = None
         self.report.retunes += 1
         self.report.settled = False
         self.trials = []  # the old steps no longer describe the loop
@@ -283,7 +347,8 @@ class OnlineTuner:
         self.trial.start(now)
 
     def _timing(self, cfg: LoaderConfig, why: str, warmup: int) -> TrialTiming:
-        return TrialTiming.planned(cfg, why, warmup, self._epoch_length)
+        least = self._least if self.counted else 0
+        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least)
 
     def _warmup(self, cfg: LoaderConfig) -> int:
         return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)
