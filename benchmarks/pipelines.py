@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+import torch.distributed as dist
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    get_worker_info,
+)
 
 from feedrate.loader.target import load_target
 
@@ -207,6 +214,34 @@ class RecordList(Dataset[tuple[torch.Tensor, int]]):
         return features, int(record["label"]) + len(record["tags"])
 
 
+# --- a fixed cost per sample, for the ranks of a job ---------------------------------------------
+
+
+class CostPerSample(Dataset[torch.Tensor]):
+    """Each sample waits ``wait_s`` (a GET from remote storage) and then uses ``cpu_s`` of CPU
+    (decoding); items are ``float32 [256]`` tensors derived from the index."""
+
+    def __init__(self, n: int, cpu_s: float = 0.0, wait_s: float = 0.0) -> None:
+        self.n, self.cpu_s, self.wait_s = n, cpu_s, wait_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.wait_s:
+            time.sleep(self.wait_s)
+        spin(self.cpu_s)
+        return torch.full((256,), float(mix64(index) % 997))
+
+
+def rank_shard(dataset: Dataset[Any]) -> DistributedSampler[Any] | None:
+    """This rank's shard of ``dataset`` when ``torch.distributed`` is initialized (in order, as
+    the other pipelines read), else None: the whole dataset, as a single process reads it."""
+    if dist.is_available() and dist.is_initialized():
+        return DistributedSampler(dataset, shuffle=False)
+    return None
+
+
 # --- the registry -------------------------------------------------------------------------------
 
 
@@ -252,6 +287,19 @@ def records() -> DataLoader[Any]:
     return DataLoader(RecordList(), batch_size=32)
 
 
+def ranks_cpu() -> DataLoader[Any]:
+    """1 ms of CPU per sample, batch 32, this rank's shard under torch.distributed."""
+    dataset = CostPerSample(16384, cpu_s=0.001)
+    return DataLoader(dataset, batch_size=32, sampler=rank_shard(dataset))
+
+
+def ranks_latency() -> DataLoader[Any]:
+    """5 ms of waiting and 0.05 ms of CPU per sample, batch 32, this rank's shard under
+    torch.distributed."""
+    dataset = CostPerSample(65536, cpu_s=0.00005, wait_s=0.005)
+    return DataLoader(dataset, batch_size=32, sampler=rank_shard(dataset))
+
+
 PIPELINES = (
     Pipeline("images", "CPU-bound", "examples/images.py: JPEG decode + augment", images),
     Pipeline("remote", "latency-bound", "examples/remote.py: ~10 ms sleep per object", remote),
@@ -266,6 +314,16 @@ PIPELINES = (
     ),
     Pipeline("skewed", "skewed CPU", "0.3 ms CPU per sample, 5% of samples 20x slower", skewed),
     Pipeline("records", "copy-on-read", "60k Python dicts indexed per sample, batch 32", records),
+)
+#: For the ranks of a job (benchmarks/ranks.py): map-style, each rank on its shard.
+RANK_PIPELINES = (
+    Pipeline("ranks-cpu", "CPU-bound", "1 ms CPU per sample, batch 32, sharded", ranks_cpu),
+    Pipeline(
+        "ranks-latency",
+        "latency-bound",
+        "5 ms wait + 0.05 ms CPU per sample, batch 32, sharded",
+        ranks_latency,
+    ),
 )
 BY_NAME = {p.name: p for p in PIPELINES}
 
@@ -293,7 +351,7 @@ def epoch_batches(loader: DataLoader[Any]) -> int | None:
 
 
 if __name__ == "__main__":
-    for p in PIPELINES:
+    for p in PIPELINES + RANK_PIPELINES:
         built = time.perf_counter()
         loader = p.factory()
         built = time.perf_counter() - built
