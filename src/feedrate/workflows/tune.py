@@ -123,9 +123,10 @@ def tune(
         ranks=None if channel is None else channel.ranks.to_dict(),
     )
     cache_key = cache.key(facts, loader, options)
+    # Over the ranks of a job: each trial measured by all of them (``tune_node.NodeSearch``).
     search_kwargs: dict[str, Any] = {}
     if channel is not None:
-        search_kwargs["channel"] = channel
+        search_kwargs = {"channel": channel, "node": node_facts}
     run = (TuneSearch if channel is None else tune_node.NodeSearch)(
         loader,
         space,
@@ -151,8 +152,6 @@ def tune(
             result = run.search()
         checks = _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
         result.findings = by_severity([*result.findings, *checks])
-        if channel is not None:
-            tune_node.for_the_job(result, run, channel.ranks, node_facts)
         if use_cache and not result.partial:
             cache.save(cache_key, result.to_dict())
         return result

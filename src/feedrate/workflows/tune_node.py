@@ -44,9 +44,24 @@ PIPELINE_ERRORS: dict[str, type[PipelineError]] = {
 class NodeSearch(TuneSearch):
     """The search on rank 0, each trial measured by every rank at once (see module doc)."""
 
-    def __init__(self, *args: Any, channel: Channel, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, channel: Channel, node: MachineFacts, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.channel = channel
+        self.channel, self.node = channel, node
+
+    def finish(self, baseline: Trial) -> TuneResult:
+        """The result, saying it was tuned over the job's ranks: their shape, the node's whole
+        machine (the search decided within one rank's share of it), and the findings that
+        only exist with several ranks, on your settings (``checks.ranks``)."""
+        result = super().finish(baseline)
+        ranks = self.channel.ranks
+        result.ranks = ranks.to_dict()
+        result.machine = self.node.to_dict()
+        found = node_findings(self.node_facts(result.baseline), result.machine)
+        if result.best.config.num_workers * ranks.local_world > (self.node.cpus_usable or 0):
+            # More workers than CPUs measured to pay here (they mostly wait): not a warning.
+            found = [f for f in found if f.id != "node-worker-oversubscription"]
+        result.findings = by_severity([*result.findings, *found])
+        return result
 
     def measure_trial(self, config: LoaderConfig, limits: TrialLimits) -> Measurement:
         self.channel.broadcast(
@@ -164,19 +179,3 @@ def coordinated(
         return follow(channel, run)
     finally:
         channel.close()
-
-
-def for_the_job(result: TuneResult, run: TuneSearch, ranks: Ranks, node: MachineFacts) -> None:
-    """Say in ``result`` that it was tuned over ``ranks``: the job's shape, the node's whole
-    machine (the search decided within one rank's share of it), and the findings that only
-    exist with several ranks, on your settings (``checks.ranks``; rank 0, the others send
-    their facts)."""
-    result.ranks = ranks.to_dict()
-    result.machine = node.to_dict()
-    if not isinstance(run, NodeSearch):
-        return
-    found = node_findings(run.node_facts(result.baseline), result.machine)
-    if result.best.config.num_workers * ranks.local_world > (node.cpus_usable or 0):
-        # More workers than CPUs measured to pay here (they mostly wait): not a warning.
-        found = [f for f in found if f.id != "node-worker-oversubscription"]
-    result.findings = by_severity([*result.findings, *found])
