@@ -53,6 +53,16 @@ def test_the_job_runs_at_its_slowest_rank_and_stalls_as_its_worst() -> None:
         job_trial([])
 
 
+def test_the_job_s_other_ranks_are_not_other_processes() -> None:
+    fast = replace(trial(900.0, 0.0), main_cpu=0.3, workers_cpu=0.5, system_busy_cpus=1.9)
+    slow = replace(trial(600.0, 0.0), main_cpu=0.2, workers_cpu=0.6, system_busy_cpus=1.8)
+    fast, slow = replace(fast, shm_peak_bytes=4096), replace(slow, shm_peak_bytes=1024)
+    job = job_trial([fast, slow])
+    # What the faster rank used (0.8 CPUs) is the job's own load, not another process's.
+    assert job.system_busy_cpus == pytest.approx(1.9 - 0.8)
+    assert job.shm_peak_bytes == 4096  # the largest any rank held in flight
+
+
 def test_job_figures_reduce_every_rank_s_document() -> None:
     docs = [
         rank_figures(trial(500.0, 0.1), spent_s=3.0, batch_s=0.01, taken=20),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from feedrate.results.trial import Trial
+from feedrate.search.ranks import job_busy, largest, slowest_rank
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,21 @@ def rank_figures(
 
 def job_trial(trials: list[Trial]) -> Trial:
     """The job's trial: the slowest rank's (its spread and processes), with the largest stall
-    any rank saw and every rank's rate in ``rank_rates``."""
-    if not trials:
-        raise ValueError("no rank measured anything")
+    any rank saw, every rank's rate in ``rank_rates``, and, as tune reads its trials
+    (``search.ranks``), the busy CPUs less the other ranks' own and the largest /dev/shm."""
     rates = [t.samples_per_s for t in trials]
-    slow = min(range(len(trials)), key=lambda r: rates[r])
+    slow = slowest_rank(rates)
     stalls = [t.stall_fraction for t in trials if t.stall_fraction is not None]
-    stall = max(stalls) if stalls else None
-    return replace(trials[slow], stall_fraction=stall, rank_rates=rates)
+    own = [t.main_cpu + t.workers_cpu for t in trials]
+    busy = job_busy([t.system_busy_cpus for t in trials], own, slow)
+    shm = largest([t.shm_peak_bytes for t in trials])
+    return replace(
+        trials[slow],
+        stall_fraction=max(stalls) if stalls else None,
+        rank_rates=rates,
+        system_busy_cpus=trials[slow].system_busy_cpus if busy is None else busy,
+        shm_peak_bytes=trials[slow].shm_peak_bytes if shm is None else shm,
+    )
 
 
 def job_figures(docs: list[dict[str, Any]]) -> JobFigures:
