@@ -1,9 +1,9 @@
 """Who this process is in a distributed job: its rank, the job's size, and its node.
 
-A job is distributed when ``torch.distributed`` is initialized with more than one rank. The
-launcher's environment (torchrun's ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) says
-which ranks share a node; without it, ranks are grouped by host name. A job that is not
-distributed gets ``None`` everywhere, and feedrate behaves as in one process.
+A job is distributed when ``torch.distributed`` is initialized with more than one rank
+(``active``). torchrun's ``GROUP_RANK`` says which node a rank is on; without it, ranks are
+grouped by host name (``node_key``). Outside a distributed job feedrate behaves as in one
+process.
 """
 
 from __future__ import annotations
