@@ -111,10 +111,12 @@ result = tune_prepared(acc, loader, budget_s=8, max_workers=2)
 for epoch in range(2):
     loader.set_epoch(epoch)
     seen = [i for batch in loader for i in batch[:, 0].long().tolist()]
-    print(f"rank {acc.process_index} epoch {epoch}: {seen}", flush=True)
+    # One write per line: the two ranks share the pipe, and a newline written apart lets the
+    # other rank's line in between.
+    print(f"rank {acc.process_index} epoch {epoch}: {seen}\\n", end="", flush=True)
 label = feedrate.config_of(loader.base_dataloader).label()
 told = f"{result.best.config.label()} after {result.search_seconds!r} s"  # one search, not two
-print(f"rank {acc.process_index} on {label}, told {told}", flush=True)
+print(f"rank {acc.process_index} on {label}, told {told}\\n", end="", flush=True)
 """
 
 
