@@ -141,10 +141,12 @@ def harness(spec_path: str, out_path: str) -> None:
     writes the per-rank figures and the job's (the slowest rank × ranks)."""
     import torch.distributed as dist
 
+    from feedrate.distributed.channel import Channel
     from feedrate.loader.target import load_source
 
     spec = json.loads(Path(spec_path).read_text())
     dist.init_process_group("gloo")
+    channel = Channel.open("benchmarks/ranks.py", 600.0)
     rank, world = dist.get_rank(), dist.get_world_size()
     source, configs = load_source(spec["target"]), spec["configs"]
     rounds = []
@@ -153,7 +155,7 @@ def harness(spec_path: str, out_path: str) -> None:
         record = []
         for config in configs[shift:] + configs[:shift]:
             dist.barrier()
-            rate, error = one_rank(source, config)
+            rate, error = one_rank(source, config, channel)
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, (rate, error))
             rates = [g[0] for g in gathered]
@@ -165,11 +167,15 @@ def harness(spec_path: str, out_path: str) -> None:
         rounds.append(record)
     if rank == 0:
         Path(out_path).write_text(json.dumps(rounds))
+    channel.close()
     dist.destroy_process_group()
 
 
-def one_rank(source: Any, config: dict[str, Any]) -> tuple[float | None, str | None]:
-    """This rank's samples/s on its shard, or None and why the measurement failed."""
+def one_rank(source: Any, config: dict[str, Any], channel: Any) -> tuple[float | None, str | None]:
+    """This rank's samples/s on its shard, or None and why the measurement failed. Its windows
+    open once every rank is warm (the gate tune's trials use), so each rank is timed while the
+    others are in their steady state, not starting or stopping their workers."""
+    gate = channel.gate()
     try:
         m = feedrate.measure(
             source,
@@ -177,9 +183,12 @@ def one_rank(source: Any, config: dict[str, Any]) -> tuple[float | None, str | N
             seconds=SECONDS,
             windows_count=4,
             device=None,
+            steady=gate,
         )
     except Exception as exc:  # the other ranks still need this rank's figure
         return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        gate.arrive()
     return m.samples_per_s, None
 
 

@@ -481,3 +481,20 @@ def test_one_cpu_latency_bound_steps_up_though_one_worker_only_ties_none() -> No
     best, trials = run(space(cpus=1), model)
     assert [t.config.num_workers for t in trials][:2] == [0, 1]
     assert best.config.num_workers >= 16
+
+
+def test_waiting_workers_that_fill_the_cpus_by_their_number_still_step_up() -> None:
+    # A rank's one-CPU share: each worker waits (2-3% CPU, a little more with more of them).
+    # The step to the count the CPU time projects lands where their number keeps the CPU over
+    # 85% busy (26 workers), yet more requests in flight pay up to 34 (5,100 samples/s): the
+    # search must not read 26 as CPU-bound and stop there, a quarter short.
+    def model(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        if w == 0:
+            return Figures(150.0, 0.05, 0.0)
+        rate = min(150.0 * w, 5_100.0)
+        return Figures(rate, 0.02 + rate * 0.00002, min(0.02 * (1 + w / 40), 0.86 / w))
+
+    best, trials = run(space(cpus=1), model)
+    steps = [(t.config.num_workers, round(t.median)) for t in trials]
+    assert best.median >= 0.97 * 5_100, steps

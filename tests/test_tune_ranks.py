@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -68,6 +70,25 @@ def test_the_job_is_read_as_its_slowest_rank() -> None:
     assert others == pytest.approx(1.7 - 0.7 - 0.9)
     assert m.processes.shm_peak_bytes == 1000  # the largest any rank saw
     assert "rank 1 was the slowest of 2" in m.notes
+
+
+def noisy(windows: list[float]) -> Measurement:
+    m = measured(sum(windows) / len(windows), 0.3, 1.6)
+    return replace(m, spread=Spread.of_rates(windows))
+
+
+def test_ranks_within_each_others_noise_are_one_pace_and_pooled() -> None:
+    # Many workers: bursty windows, and rank 1 lower by chance. The lower figure alone would
+    # read the job 10% slow and hold the configuration back against a quieter one.
+    a, b = noisy([5200.0, 4000.0, 6100.0, 4700.0]), noisy([4300.0, 5400.0, 3900.0, 4800.0])
+    m = slowest([a, b])
+    assert m.rank_rates == [a.spread.median, b.spread.median]
+    assert m.spread.median == statistics.median([*a.spread.windows, *b.spread.windows])
+    assert m.samples_per_s == pytest.approx((a.samples_per_s + b.samples_per_s) / 2)
+    assert any("agreed within their noise" in n for n in m.notes)
+    # The same gap with tight windows is a slower rank: it sets the job's pace alone.
+    c, d = noisy([5000.0, 5010.0, 4990.0]), noisy([4550.0, 4540.0, 4560.0])
+    assert slowest([c, d]).spread.median == 4550.0
 
 
 def test_each_rank_decides_within_its_share_of_the_node() -> None:

@@ -752,3 +752,64 @@ def test_an_iterable_datasets_length_hint_times_short_epochs_whole_from_the_star
     plan = WindowPlan(windows=2, seconds=2.0, warmup_batches=24, round_batches=8)
     t = run(loader, plan, int, clock=loader.clock, length_hint=40)
     assert t.method == "whole-epochs" and t.epochs >= 2
+
+
+# --- the steady hook: every rank of a job warm before the windows open -------------------------
+
+
+def test_the_steady_hook_holds_the_windows_until_it_says_yes() -> None:
+    # Until 3.0 s another rank is starting its workers and batches come slowly here (0.5 s);
+    # after that, 0.25 s. The windows open when the hook says every rank is warm, and the
+    # steady state gets its 2 s from then: the deadline moves from 4 s to 5 s.
+    clock, loader = scripted(lambda _e, i: 0.5 if i < 6 else 0.25)
+    hooks = Hooks(steady=lambda: clock.now >= 3.0)
+    t = measure(loader, WindowPlan(windows=2, seconds=2.0, warmup_batches=2), hooks=hooks)
+    assert t.windows[0].start == 3.0 and t.steady_wait_s == 2.0 and not t.unaligned
+    assert t.deadline_s == 5.0 and not t.stopped_by_deadline and clock.now == 5.0
+    assert t.warmup_batches == 6 and t.warmup_s == 2.5
+    assert summarize(t.windows).samples_per_s == 16.0  # 4 samples / 0.25 s: no slow batch
+    # The same run without the hook credits the other rank's start-up to this one.
+    _, loader = scripted(lambda _e, i: 0.5 if i < 6 else 0.25)
+    early = measure(loader, WindowPlan(windows=2, seconds=2.0, warmup_batches=2))
+    assert summarize(early.windows).samples_per_s < 16.0
+
+
+def test_a_steady_hook_that_never_says_yes_is_given_up_at_the_deadline() -> None:
+    clock, loader = scripted(0.25)
+    hooks = Hooks(steady=lambda: False)
+    t = measure(loader, WindowPlan(windows=2, seconds=1.0, warmup_batches=2), hooks=hooks)
+    assert t.unaligned and t.windows[0].start == 2.25 and t.steady_wait_s == 1.75
+    assert clock.now == 3.25 and summarize(t.windows).samples_per_s == 16.0
+    # Within wall_s: the steady state is cut short by the wall instead.
+    clock, loader = scripted(0.25)
+    plan = WindowPlan(windows=2, seconds=1.0, warmup_batches=2, wall_s=2.5)
+    t = measure(loader, plan, hooks=hooks)
+    assert t.unaligned and t.stopped_by_deadline and clock.now <= 2.75
+
+
+def test_the_steady_hook_is_asked_in_the_first_epoch_only_until_it_says_yes() -> None:
+    asked: list[int] = []
+
+    def steady() -> bool:
+        asked.append(1)
+        return len(asked) >= 3
+
+    _, loader = scripted(0.25, length=8)
+    t = measure(
+        loader, WindowPlan(windows=4, batches=16, warmup_batches=2), hooks=Hooks(steady=steady)
+    )
+    assert len(asked) == 3 and t.epochs >= 2 and t.steady_wait_s == 0.5
+    assert summarize(t.windows).samples_per_s == 16.0
+
+
+def test_a_long_warm_up_leaves_the_budget_its_steady_state() -> None:
+    # Many workers: one batch each plus the queue is 12 batches (3 s) of warm-up. The deadline
+    # of twice the budget (4 s) would leave 1 s of the 2 s asked for; it moves to 5 s.
+    clock, loader = scripted(0.25)
+    t = measure(loader, WindowPlan(windows=2, seconds=2.0, warmup_batches=12))
+    assert t.deadline_s == 5.0 and sum(w.seconds for w in t.windows) == 2.0
+    assert len(t.windows) == 2 and clock.now == 5.0
+    # wall_s still bounds the run.
+    clock, loader = scripted(0.25)
+    t = measure(loader, WindowPlan(windows=2, seconds=2.0, warmup_batches=12, wall_s=4.0))
+    assert t.deadline_s == 4.0 and t.stopped_by_deadline and clock.now <= 4.25

@@ -93,6 +93,10 @@ class Channel:
             raise self._lost("hear from every rank", exc) from exc
         return out
 
+    def gate(self) -> Gate:
+        """A new non-blocking barrier over the channel's ranks (``Gate``)."""
+        return Gate(self)
+
     def close(self) -> None:
         if self._group is None:
             return
@@ -107,3 +111,27 @@ class Channel:
             f"{self.timeout_s:g} s: another rank failed, was interrupted, or does not call "
             f"feedrate at the same point ({first[:300]})"
         )
+
+
+class Gate:
+    """A barrier that does not block. Each rank arrives once, at its first call (or
+    ``arrive``), and every call says whether all ranks have: a measurement's ``steady`` hook,
+    so that each rank times the others' steady state, not their start-up. A rank must arrive
+    even when its part fails before asking (``arrive`` in a ``finally``): the channel's next
+    collective comes after this barrier on every rank."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._work: Any = None
+
+    def __call__(self) -> bool:
+        self.arrive()
+        return bool(self._work.is_completed())
+
+    def arrive(self) -> None:
+        if self._work is not None:
+            return
+        try:
+            self._work = dist.barrier(group=self._channel._group, async_op=True)
+        except RuntimeError as exc:
+            raise self._channel._lost("meet the other ranks", exc) from exc

@@ -70,6 +70,7 @@ def measure(
     report_index: bool = True,
     consumer: Consumer | None = None,
     device: torch.device | str | None = "auto",
+    steady: Callable[[], bool] | None = None,
 ) -> Measurement:
     """Measure ``source`` (a DataLoader or a zero-argument callable returning one) rebuilt with
     ``config`` (default: its own settings).
@@ -85,6 +86,9 @@ def measure(
     copied to it (``non_blocking`` when the settings pin memory) and the loop waits for the copy
     and the step on the device (CUDA events), so ``pin_memory`` is judged end to end;
     ``transfer`` holds the device times.
+    ``steady`` (asked at each batch once warm-up is done, until True) holds the windows back,
+    e.g. until every rank of a job is warm (``distributed.channel.Gate``); the steady state
+    then gets its seconds from that moment (``windows``).
 
     Raises ``PipelineError`` when the pipeline fails (its exception, a killed worker, no batch
     for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
@@ -108,7 +112,7 @@ def measure(
         consume = on_device
     try:
         with interrupts.stoppable():
-            timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume)
+            timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume, steady)
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
     rate = rates.summarize(timeline.windows)
@@ -167,6 +171,7 @@ def _run(
     clock: windows.Clock,
     timeout_s: float | None,
     consumer: Callable[[Any, int], None] | None,
+    steady: Callable[[], bool] | None = None,
 ) -> tuple[windows.Timeline, ProbeReport, int | None]:
     current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None}
     counter = sample_counter(loader)
@@ -197,6 +202,7 @@ def _run(
             window_open=lambda: probe.window_open(clock()),
             window_close=lambda: probe.window_close(clock()),
             batch=on_batch,
+            steady=steady or (lambda: True),
         )
         try:
             timeline = windows.run(
@@ -303,6 +309,11 @@ def _notes(
         )
     if t.stopped_by_deadline:
         notes.append(deadline_note(t, plan))
+    if t.unaligned:
+        notes.append(
+            f"the windows opened after {t.steady_wait_s:.1f} s of waiting for the other ranks "
+            "to be warm, without them: they overlap another rank's start-up"
+        )
     if not t.windows:
         notes.append("no steady-state batch was measured")
     return notes

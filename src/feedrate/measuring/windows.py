@@ -14,149 +14,58 @@ How a run goes:
   so a window closed by time ends on a whole round (``round_batches``, the worker count), and a
   window cut short keeps only its whole rounds: a window that caught a burst but not the gap
   after it (or the reverse) would be off by up to one batch time, however many workers run;
+* with a ``steady`` hook (e.g. every rank of a job warm: ``distributed.channel.Gate``), the
+  first epoch's warm-up goes on, batch by batch, until the hook says the windows may open, so
+  every rank times the others' steady state, not their start-up; a hook that has not opened
+  by the deadline is no longer waited for (``Timeline.unaligned``);
 * an epoch that ends early closes the open window as partial and a new epoch begins; when epochs
   are too short for windows (no batch past warm-up, or, when the epoch length is known, fewer than
   ``WHOLE_EPOCH_FACTOR`` warm-ups), the first epoch is warm-up and later epochs are timed whole,
   each epoch's restart included, and the result says so;
 * a time budget bounds the whole run, start-up and restarts included: once a batch is counted, it
-  stops at a deadline (``WindowPlan.deadline_s``), the open window kept as partial (an epoch timed
-  whole ends first), and starts no epoch whose restart and warm-up (as long as the last epoch's;
-  timed whole, the whole epoch) would reach the deadline.
+  stops at a deadline (``WindowPlan.deadline_s``, moved when the first window opens so that it
+  leaves the budget's seconds of steady state after the first epoch's warm-up, never past
+  ``wall_s``), the open window kept as partial (an epoch timed whole ends first), and starts no
+  epoch whose restart and warm-up (as long as the last epoch's; timed whole, the whole epoch)
+  would reach the deadline.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-Clock = Callable[[], float]
+from feedrate.measuring.timing import (
+    DEADLINE_FACTOR,
+    DEFAULT_SECONDS,
+    MIN_BATCHES_PER_WINDOW,
+    MIN_WHOLE_EPOCHS,
+    WHOLE_EPOCH_FACTOR,
+    Clock,
+    EmptyLoaderError,
+    Hooks,
+    Method,
+    Timeline,
+    Window,
+    WindowPlan,
+)
 
-#: Steady-state seconds measured when neither a batch count nor a duration is given.
-DEFAULT_SECONDS = 10.0
-Method = Literal["windows", "whole-epochs"]
-
-#: Epochs shorter than this many warm-ups are timed whole (after a first one as warm-up): in
-#: windows, most of every epoch would be discarded and the rest would be a few batches.
-WHOLE_EPOCH_FACTOR = 3
-
-#: A window closed by time still waits for this many batches, so one slow batch is not a rate.
-MIN_BATCHES_PER_WINDOW = 2
-
-#: With a budget of S seconds the run ends by ``DEADLINE_FACTOR × S`` after the first ``iter()``,
-#: or S after the first batch when start-up takes longer: room for warm-up and restarts.
-DEADLINE_FACTOR = 2.0
-
-#: Timed whole, this many epochs meet a time budget: each carries a restart (maybe seconds).
-MIN_WHOLE_EPOCHS = 2
-
-
-class EmptyLoaderError(Exception):
-    """The loader's iterator ended without yielding a single batch."""
-
-
-@dataclass(frozen=True)
-class WindowPlan:
-    """How much to measure: ``batches`` or ``seconds`` in total (steady state only), split into
-    ``windows`` windows. ``max_epochs`` bounds the run when epochs are tiny; ``wall_s`` (s after
-    the first ``iter()``) caps its deadline (see ``deadline_s``)."""
-
-    windows: int = 5
-    batches: int | None = None
-    seconds: float | None = None
-    warmup_batches: int = 1
-    max_epochs: int = 1000
-    wall_s: float | None = None
-    #: Batches in one round of deliveries (one from every worker; 1 without workers).
-    round_batches: int = 1
-
-    def __post_init__(self) -> None:
-        if self.windows < 1:
-            raise ValueError("windows must be 1 or more")
-        if self.round_batches < 1:
-            raise ValueError("round_batches must be 1 or more")
-        if self.batches is None and self.seconds is None:
-            object.__setattr__(self, "seconds", DEFAULT_SECONDS)
-        if self.warmup_batches < 1:
-            raise ValueError("warmup_batches must be 1 or more: the first batch carries start-up")
-        if self.max_epochs < 1:
-            raise ValueError("max_epochs must be 1 or more")
-        if self.batches is not None and self.batches < self.windows:
-            raise ValueError(f"batches must be at least the number of windows ({self.windows})")
-        if self.seconds is not None and self.seconds <= 0:
-            raise ValueError("seconds must be positive")
-        if self.wall_s is not None and self.wall_s <= 0:
-            raise ValueError("wall_s must be positive")
-
-    def deadline_s(self, startup_s: float) -> float | None:
-        """Seconds after the first ``iter()`` by which the run stops, start-up and restarts
-        included: ``max(DEADLINE_FACTOR × seconds, seconds + startup_s)`` with a time budget,
-        never past ``wall_s``; None (no bound) for a batch budget without ``wall_s``."""
-        bound = None
-        if self.seconds is not None:
-            bound = max(DEADLINE_FACTOR * self.seconds, self.seconds + startup_s)
-        if self.wall_s is not None:
-            bound = self.wall_s if bound is None else min(bound, self.wall_s)
-        return bound
-
-    @property
-    def batches_per_window(self) -> int | None:
-        return None if self.batches is None else math.ceil(self.batches / self.windows)
-
-    @property
-    def seconds_per_window(self) -> float | None:
-        return None if self.seconds is None else self.seconds / self.windows
-
-
-@dataclass
-class Window:
-    """One steady-state window: ``batches`` and ``samples`` that arrived during ``seconds``."""
-
-    start: float
-    seconds: float = 0.0
-    batches: int = 0
-    samples: int = 0
-    full: bool = False
-    wait_s: float = 0.0
-    #: (seconds, batches, samples, wait_s) when the window last ended a whole round.
-    aligned: tuple[float, int, int, float] | None = None
-
-    def cut_to_rounds(self) -> bool:
-        """Drop the batches after the last whole round; False when it has none."""
-        if self.aligned is None:
-            return False
-        self.seconds, self.batches, self.samples, self.wait_s = self.aligned
-        return True
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class Timeline:
-    """What a run saw, in seconds of the injected clock."""
-
-    startup_s: float = 0.0
-    epoch_restart_s: list[float] = field(default_factory=list)
-    warmup_s: float = 0.0
-    warmup_batches: int = 0
-    windows: list[Window] = field(default_factory=list)
-    epochs: int = 0
-    method: Method = "windows"
-    #: The deadline, in s after the first ``iter()`` (None: none), and whether it ended the run.
-    deadline_s: float | None = None
-    stopped_by_deadline: bool = False
-
-
-@dataclass
-class Hooks:
-    """Called at window boundaries and per batch (e.g. to read CPU counters, kick a watchdog)."""
-
-    window_open: Callable[[], None] = lambda: None
-    window_close: Callable[[], None] = lambda: None
-    batch: Callable[[], None] = lambda: None
+__all__ = [
+    "DEADLINE_FACTOR",
+    "DEFAULT_SECONDS",
+    "MIN_BATCHES_PER_WINDOW",
+    "MIN_WHOLE_EPOCHS",
+    "WHOLE_EPOCH_FACTOR",
+    "Clock",
+    "EmptyLoaderError",
+    "Hooks",
+    "Method",
+    "Timeline",
+    "Window",
+    "WindowPlan",
+    "run",
+]
 
 
 def run(
@@ -217,6 +126,8 @@ class _Runner:
         self._t0: float | None = None  # the first iter() call
         self._deadline: float | None = None  # on the clock, once the start-up is known
         self._lead_s: float | None = None  # the last epoch's time from iter() to counting
+        self._warm_at: float | None = None  # the first epoch's warm-up done, on the clock
+        self._steady = False  # the ``steady`` hook said yes (or was given up on)
 
     def done(self) -> bool:
         """Enough full windows; or, when epochs cut windows short (and always when whole epochs
@@ -301,7 +212,7 @@ class _Runner:
             self.consume(batch, samples)
         if whole:
             self._add(samples, waited, now, close_when_full=False)
-        elif self._epoch_batches <= self.plan.warmup_batches or self.short_epochs():
+        elif self._warming():
             self._warmup(now, t_call)
         elif self._add(samples, waited, now, close_when_full=True) and self.done():
             return True
@@ -336,13 +247,49 @@ class _Runner:
         else:
             self.timeline.epoch_restart_s.append(seconds)
 
+    def _warming(self) -> bool:
+        """The batch just taken is warm-up: within the epoch's warm-up count, in an epoch too
+        short for windows, or, in the first epoch, while the ``steady`` hook holds the windows
+        back."""
+        if self._epoch_batches <= self.plan.warmup_batches or self.short_epochs():
+            return True
+        return self.timeline.epochs == 0 and self.open is None and not self._steady
+
     def _warmup(self, now: float, t_call: float) -> None:
         self.timeline.warmup_batches += 1
-        if self._epoch_batches == self.plan.warmup_batches and not self.short_epochs():
-            if self.timeline.epochs == 0:
-                self.timeline.warmup_s = now - t_call - self.timeline.startup_s
-            self._lead_s = now - t_call
-            self._open(now)
+        if self._epoch_batches < self.plan.warmup_batches or self.short_epochs():
+            return
+        first = self.timeline.epochs == 0
+        if first and not self._steady and not self._may_open(now):
+            return
+        if first:
+            self.timeline.warmup_s = now - t_call - self.timeline.startup_s
+            self._steady_from(now)
+        self._lead_s = now - t_call
+        self._open(now)
+
+    def _may_open(self, now: float) -> bool:
+        """The first epoch's warm-up is done: may its windows open? The ``steady`` hook says;
+        past the deadline the run had, it is no longer waited for."""
+        self._warm_at = now if self._warm_at is None else self._warm_at
+        if self.hooks.steady():
+            self._steady = True
+        elif self._deadline is not None and now > self._deadline:
+            self._steady = self.timeline.unaligned = True
+        else:
+            return False
+        self.timeline.steady_wait_s = now - self._warm_at
+        return True
+
+    def _steady_from(self, now: float) -> None:
+        """The first window opens at ``now``: a time budget gets its seconds of steady state
+        from here, however long start-up, warm-up (one batch per worker and the queue: long
+        with many workers) and the wait for the ``steady`` hook took, within ``wall_s``."""
+        if self._deadline is None or not self.plan.seconds:
+            return
+        cap = (self._t0 or 0.0) + self.plan.wall_s if self.plan.wall_s else math.inf
+        self._deadline = max(self._deadline, min(now + self.plan.seconds, cap))
+        self.timeline.deadline_s = self._deadline - (self._t0 or 0.0)
 
     def _open(self, now: float) -> None:
         self.open = Window(start=now)

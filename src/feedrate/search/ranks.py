@@ -1,12 +1,26 @@
 """One configuration measured on every rank at once, read as one figure: training steps in
 lockstep, so the job goes at its slowest rank's pace. The search then decides as for one
-process, on the slowest rank's figures within that rank's share of the node."""
+process, on the slowest rank's figures within that rank's share of the node.
+
+Which rank is slowest is judged against the noise. Ranks of the same shape differ by chance
+in a short trial, the more so with many workers (their batches arrive in bursts), and the
+lowest of several noisy figures is lower than any rank's pace over a whole epoch: read as the
+job's, it would hold every noisy configuration back. So when every rank's rate lies within
+``AGREE_SE`` standard errors of the slowest's, the ranks are one pace and their windows are
+pooled; only a rank slower beyond its noise (a slower shard, a busier node) sets the job's
+figure alone.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from feedrate.results.measurement import Measurement
+from feedrate.results.spread import Spread
+
+#: Ranks whose rates differ by less than this many combined standard errors agree.
+AGREE_SE = 2.0
 
 
 def slowest_rank(rates: list[float]) -> int:
@@ -31,13 +45,35 @@ def largest(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
+def agree(spreads: list[Spread], low: int) -> bool:
+    """Every rank's rate within ``AGREE_SE`` combined standard errors of rank ``low``'s."""
+    base = spreads[low]
+
+    def se(s: Spread) -> float:
+        return s.rel_se * s.median
+
+    return all(s.median - base.median <= AGREE_SE * math.hypot(se(s), se(base)) for s in spreads)
+
+
 def slowest(measurements: list[Measurement]) -> Measurement:
     """The slowest rank's measurement (lowest median window), with ``rank_rates`` set, the
     machine's busy CPUs counted as that rank sees them (``job_busy``), and the largest
-    /dev/shm any rank saw."""
+    /dev/shm any rank saw. When the ranks agree within their noise (``agree``), its rate is
+    theirs pooled: every rank's windows, and the mean of their aggregate rates."""
     rates = [m.spread.median for m in measurements]
     low = slowest_rank(rates)
     m = measurements[low]
+    notes = [f"rank {low} was the slowest of {len(measurements)}"]
+    if len(measurements) > 1 and agree([x.spread for x in measurements], low):
+        pooled = [w for x in measurements for w in x.spread.windows]
+        n = len(measurements)
+        m = replace(
+            m,
+            spread=Spread.of_rates(pooled, m.spread.estimator),
+            samples_per_s=sum(x.samples_per_s for x in measurements) / n,
+            batches_per_s=sum(x.batches_per_s for x in measurements) / n,
+        )
+        notes = [f"the {n} ranks' rates agreed within their noise: pooled"]
     processes = replace(m.processes)
     own = [
         x.processes.main.cpu_util + sum(w.cpu_util for w in x.processes.workers)
@@ -53,5 +89,5 @@ def slowest(measurements: list[Measurement]) -> Measurement:
         m,
         processes=processes,
         rank_rates=rates,
-        notes=[*m.notes, f"rank {low} was the slowest of {len(measurements)}"],
+        notes=[*m.notes, *notes],
     )

@@ -65,6 +65,11 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     if top is None or top.config.num_workers == 0:
         return None
     kind = bottleneck(top, space.cpus)
+    if kind == "cpu" and top.worker_demand_mean < 0.5:
+        # Each worker mostly waits; their number fills the CPUs. More may still overlap more
+        # waits (the CPU time per sample does not grow with the count): step up as for waiting
+        # workers, and the noise check ends the climb where the gain ends.
+        kind = "latency"
     best = fastest(main)
     # One waiting worker is only as fast as none (one request at a time, as on a rank's single
     # CPU): a tie with fewer workers does not stop the step up when the workers mostly wait.

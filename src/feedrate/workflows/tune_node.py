@@ -67,7 +67,7 @@ class NodeSearch(TuneSearch):
         self.channel.broadcast(
             {"do": "measure", "config": config.to_dict(), "limits": limits.__dict__}
         )
-        return gathered(self.channel, measured_here(self, config, limits, 0))
+        return gathered(self.channel, measured_here(self, self.channel, config, limits))
 
     def node_facts(self, baseline: Trial) -> list[RankFacts]:
         """Every rank's facts with your settings (``distributed.facts``), with the sizes your
@@ -78,14 +78,22 @@ class NodeSearch(TuneSearch):
         return [RankFacts.from_dict(d) for d in docs if failed(d) is None]
 
 
-def measured_here(search: TuneSearch, config: LoaderConfig, limits: TrialLimits, rank: int) -> Any:
-    """This rank's measurement as a document, or the failure of its pipeline as one."""
+def measured_here(
+    search: TuneSearch, channel: Channel, config: LoaderConfig, limits: TrialLimits
+) -> Any:
+    """This rank's measurement as a document, or the failure of its pipeline as one. Its
+    windows open once every rank is warm (``Channel.gate``): each rank then times the others'
+    steady state, not their workers' start-up, as in training, where they start once."""
+    gate = search.steady = channel.gate()
     try:
         return TuneSearch.measure_trial(search, config, limits).to_dict()
     except PipelineError as exc:
-        doc = failure(rank, exc)
+        doc = failure(channel.ranks.rank, exc)
         doc["kind"] = type(exc).__name__
         return doc
+    finally:
+        search.steady = None
+        gate.arrive()  # a rank that failed before it asked: the others are not held back
 
 
 def facts_here(search: TuneSearch, ranks: Ranks, sizes: dict[str, Any]) -> dict[str, Any]:
@@ -133,7 +141,7 @@ def follow(channel: Channel, search: TuneSearch) -> TuneResult:
             config = LoaderConfig.from_dict(message["config"])
             limits = TrialLimits(**message["limits"])
             try:
-                mine = measured_here(search, config, limits, channel.ranks.rank)
+                mine = measured_here(search, channel, config, limits)
             except Exception as exc:  # not the pipeline's: tell rank 0, then stop here
                 channel.all_gather(failure(channel.ranks.rank, exc))
                 raise

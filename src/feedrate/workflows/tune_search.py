@@ -114,6 +114,8 @@ class TuneSearch:
         self.partial_reason: str | None = None
         self.thread_check: ThreadCheck | None = None
         self.timed_whole: set[LoaderConfig] = set()  # their rates include every restart
+        #: The next measurement's ``steady`` hook (``measure``), set around a coordinated trial.
+        self.steady: Callable[[], bool] | None = None
 
     def elapsed(self) -> float:
         return self.clock() - self.start
@@ -274,6 +276,7 @@ class TuneSearch:
             machine=self.facts,
             target=self.target,
             device=self.dev,
+            steady=self.steady,
         )
 
     def restart_counted(self, trial: Trial, config: LoaderConfig) -> float:
