@@ -408,3 +408,32 @@ def test_an_epoch_timed_whole_is_one_figure_not_its_bursts() -> None:
     feed_rounds(st, 16, 0.1)
     trial = st.result(None, None)
     assert trial.spread is not None and trial.spread.windows == [pytest.approx(20 * 4 / 0.2)]
+
+
+def test_a_new_persistent_lane_on_a_short_epoch_is_timed_on_its_next_epoch() -> None:
+    # 20 batches an epoch, timed whole. On a lane whose persistent workers were just started,
+    # the epoch carries their start-up, which training pays once: it measures nothing, and the
+    # next epoch of the same lane (not fresh) is the trial. Workers that restart every epoch
+    # pay it every epoch: their trial is the fresh epoch itself.
+    kept = LoaderConfig(16, prefetch_factor=2, persistent_workers=True)
+    first = TrialTiming.planned(kept, "test", 5, 20, fresh_lane=True)
+    assert first.whole_epoch and first.warmup == 20
+    for _ in range(20):
+        first.add(4, 0.5, 0.0, 1.0)  # the start-up: slow batches
+    assert first.measured == 0  # nothing of it counts
+    later = TrialTiming.planned(kept, "test", 5, 20)
+    assert later.whole_epoch and later.warmup == 0 and later.need == 20
+    restarted = TrialTiming.planned(LoaderConfig(16), "test", 5, 20, fresh_lane=True)
+    assert restarted.whole_epoch and restarted.warmup == 0
+
+
+def test_a_warm_up_is_not_cut_to_fit_a_short_epoch() -> None:
+    # 42 workers, pf=2: a warm-up of 126 batches in a 128-batch epoch. Cut to a quarter of the
+    # epoch (32, a round: 42), the window after it would count the queue's burst; the trial is
+    # timed whole instead.
+    tuner = tuner_from(2)
+    tuner._warmup_of = lambda c: 3 * c.num_workers
+    tuner.new_epoch(128)
+    cfg = LoaderConfig(42, prefetch_factor=2, persistent_workers=True)
+    assert tuner._warmup(cfg) == 126
+    assert tuner._timing(cfg, "test", tuner._warmup(cfg)).whole_epoch

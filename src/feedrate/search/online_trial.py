@@ -86,12 +86,15 @@ class TrialTiming:
         warmup: int,
         epoch_length: int | None,
         least: int = 0,
+        fresh_lane: bool = False,
     ) -> TrialTiming:
         """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them,
         ``TRIAL_BATCHES`` and ``least`` (batches); in epochs of ``epoch_length`` batches (None:
         unknown) too short for its warm-up and one whole round, one whole epoch instead. A warm-up
         is rounded up to whole rounds: a window opened inside the first round would count its
-        burst."""
+        burst. An epoch timed whole on a ``fresh_lane`` of persistent workers is their start-up,
+        which training pays once: it is all warm-up (nothing measured), and the lane's next epoch
+        is the trial."""
         rnd = max(1, config.num_workers)
         if warmup and rnd > 1:
             warmup = -(-warmup // rnd) * rnd  # whole rounds, so the window opens on a round's end
@@ -99,7 +102,9 @@ class TrialTiming:
         if epoch_length is not None and warmup + need > epoch_length:
             fits = (epoch_length - warmup) // rnd
             if fits < 1:
-                return cls(config, reason, 0, 1, epoch_length, whole_epoch=True)
+                once = fresh_lane and config.persistent_workers and config.num_workers > 0
+                first = epoch_length if once else 0
+                return cls(config, reason, first, 1, epoch_length, whole_epoch=True)
             need = fits * rnd
         return cls(config, reason, warmup, rnd, need)
 

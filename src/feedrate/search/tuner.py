@@ -163,18 +163,21 @@ class OnlineTuner:
         return self.pending is None and self.trial is not None and self.trial.batch_bytes is None
 
     def new_epoch(self, length: int | None) -> None:
-        """An epoch of ``length`` batches (None: unknown) begins: no trial's warm-up may take
-        more than a quarter of it."""
+        """An epoch of ``length`` batches (None: unknown) begins. A trial's warm-up (one batch
+        per worker and the queue) is never cut short to fit it: an epoch with no room for the
+        warm-up and whole rounds after it is timed whole instead (``TrialTiming.planned``), as
+        a window after a cut warm-up would count the queue's burst."""
         self.epoch += 1
         self.batch = 0
-        self._warmup_cap = 1 << 30 if length is None else max(1, length // 4)
+        self._warmup_cap = 1 << 30 if length is None else max(1, length)
         self._epoch_length = length
 
-    def lane_started(self, now: float) -> None:
-        """A lane of ``config`` started at ``now`` with the epoch: a trial in progress starts
-        over on it (with its warm-up)."""
+    def lane_started(self, now: float, fresh: bool = False) -> None:
+        """A lane of ``config`` started at ``now`` with the epoch (``fresh``: its workers are
+        new): a trial in progress starts over on it (with its warm-up)."""
         if self.trial is not None:
-            self.trial = self._timing(self.config, self.trial.reason, self._warmup(self.config))
+            warmup = self._warmup(self.config)
+            self.trial = self._timing(self.config, self.trial.reason, warmup, fresh)
             self.trial.start(now)
 
     def observe(
@@ -346,9 +349,11 @@ class OnlineTuner:
         self.trial = self._timing(cfg, "measured again: the stall came back", 0)
         self.trial.start(now)
 
-    def _timing(self, cfg: LoaderConfig, why: str, warmup: int) -> TrialTiming:
+    def _timing(self, cfg: LoaderConfig, why: str, warmup: int, fresh: bool = False) -> TrialTiming:
         least = self._least if self.counted else 0
-        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least)
+        # Every rank of a job decides at each epoch's end: no epoch goes unmeasured there.
+        fresh = fresh and not self.counted
+        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least, fresh)
 
     def _warmup(self, cfg: LoaderConfig) -> int:
         return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)
