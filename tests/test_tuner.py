@@ -437,3 +437,18 @@ def test_a_warm_up_is_not_cut_to_fit_a_short_epoch() -> None:
     cfg = LoaderConfig(42, prefetch_factor=2, persistent_workers=True)
     assert tuner._warmup(cfg) == 126
     assert tuner._timing(cfg, "test", tuner._warmup(cfg)).whole_epoch
+
+
+def test_an_epoch_timed_whole_counts_its_iter() -> None:
+    # Persistent workers resume each epoch inside iter() (0.5 s with many of them here): an
+    # epoch timed whole counts it, as every epoch pays it and as a static measurement does.
+    st = TrialTiming.planned(LoaderConfig(16, persistent_workers=True), "test", 5, 20)
+    st.start(0.0, lead_s=0.5)
+    now = 0.0
+    for i in range(20):
+        wait = 0.1 if i % 16 == 0 else 0.0
+        now += wait
+        st.add(4, wait, 0.0, now)
+    trial = st.result(None, None)
+    assert trial.samples_per_s == pytest.approx(20 * 4 / (0.2 + 0.5))
+    assert trial.stall_fraction == pytest.approx(1.0)

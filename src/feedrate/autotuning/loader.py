@@ -240,9 +240,10 @@ class AutoLoader(delegation.Surface):
             self._lane = Lane(self._user, cfg, self._split, self._seed if self._split else None)
         delegation.resume(self._lane.loader, self._resume)
         self._resume = None
+        called = self._clock()
         self._lane.start(stream)
         now = self._clock()
-        self._tuner.lane_started(now, fresh)  # a trial starts (again) with the epoch
+        self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
         self._follow(self._lane, now)
         return self._lane
 

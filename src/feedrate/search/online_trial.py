@@ -77,6 +77,9 @@ class TrialTiming:
     waits: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
+    #: Seconds the epoch's ``iter()`` took before the lane ran (workers resumed or started):
+    #: part of an epoch timed whole, as every epoch pays it.
+    lead_s: float = 0.0
 
     @classmethod
     def planned(
@@ -117,9 +120,10 @@ class TrialTiming:
         """Measured batches in whole rounds."""
         return self.measured - self.measured % self.round_batches
 
-    def start(self, now: float) -> None:
-        """Its lane runs from ``now``; with no warm-up the window opens now."""
-        self.started = True
+    def start(self, now: float, lead_s: float = 0.0) -> None:
+        """Its lane runs from ``now``, its ``iter()`` having taken ``lead_s``; with no warm-up
+        the window opens now."""
+        self.started, self.lead_s = True, lead_s
         if self.warmup == 0:
             self._open(now)
 
@@ -171,9 +175,10 @@ class TrialTiming:
         end = self.warmup + (self.aligned or self.measured)
         w, s = self.waits[self.warmup : end], self.steps[self.warmup : end]
         n = self.samples[self.warmup : end]
-        total = sum(w) + sum(s)
+        lead = self.lead_s if self.whole_epoch and self.warmup == 0 else 0.0
+        total = sum(w) + sum(s) + lead  # an epoch timed whole: from its iter(), as measure does
         delivered = sum(n) / total if total > 0 else 0.0
-        stall = sum(w) / total if total > 0 else None
+        stall = (sum(w) + lead) / total if total > 0 else None
         if rate is not None and stall is not None:
             stall = max(stall, 1.0 - delivered / rate)
         return Trial(

@@ -172,13 +172,14 @@ class OnlineTuner:
         self._warmup_cap = 1 << 30 if length is None else max(1, length)
         self._epoch_length = length
 
-    def lane_started(self, now: float, fresh: bool = False) -> None:
-        """A lane of ``config`` started at ``now`` with the epoch (``fresh``: its workers are
-        new): a trial in progress starts over on it (with its warm-up)."""
+    def lane_started(self, now: float, fresh: bool = False, lead_s: float = 0.0) -> None:
+        """A lane of ``config`` started at ``now`` with the epoch, its ``iter()`` having
+        taken ``lead_s`` (``fresh``: its workers are new): a trial in progress starts over on
+        it (with its warm-up)."""
         if self.trial is not None:
             warmup = self._warmup(self.config)
             self.trial = self._timing(self.config, self.trial.reason, warmup, fresh)
-            self.trial.start(now)
+            self.trial.start(now, lead_s)
 
     def observe(
         self, samples: int, wait: float, step: float, now: float, batch_bytes: int | None = None
