@@ -232,18 +232,15 @@ class AutoLoader(delegation.Surface):
 
     def _start_lane(self, stream: Stream | None) -> Lane:
         cfg = self._tuner.config
-        fresh = False
         if self._lane is None or self._lane.config != cfg:
-            fresh = True
             if self._lane is not None:
                 self._lane.close()
             self._lane = Lane(self._user, cfg, self._split, self._seed if self._split else None)
         delegation.resume(self._lane.loader, self._resume)
         self._resume = None
-        called = self._clock()
         self._lane.start(stream)
         now = self._clock()
-        self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
+        self._tuner.lane_started(now)  # a trial starts (again) with the epoch
         self._follow(self._lane, now)
         return self._lane
 

@@ -77,9 +77,6 @@ class TrialTiming:
     waits: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
-    #: Seconds the epoch's ``iter()`` took before the lane ran (workers resumed or started):
-    #: part of an epoch timed whole, as every epoch pays it.
-    lead_s: float = 0.0
 
     @classmethod
     def planned(
@@ -89,15 +86,12 @@ class TrialTiming:
         warmup: int,
         epoch_length: int | None,
         least: int = 0,
-        fresh_lane: bool = False,
     ) -> TrialTiming:
         """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them,
         ``TRIAL_BATCHES`` and ``least`` (batches); in epochs of ``epoch_length`` batches (None:
         unknown) too short for its warm-up and one whole round, one whole epoch instead. A warm-up
         is rounded up to whole rounds: a window opened inside the first round would count its
-        burst. An epoch timed whole on a ``fresh_lane`` of persistent workers is their start-up,
-        which training pays once: it is all warm-up (nothing measured), and the lane's next epoch
-        is the trial."""
+        burst."""
         rnd = max(1, config.num_workers)
         if warmup and rnd > 1:
             warmup = -(-warmup // rnd) * rnd  # whole rounds, so the window opens on a round's end
@@ -105,9 +99,7 @@ class TrialTiming:
         if epoch_length is not None and warmup + need > epoch_length:
             fits = (epoch_length - warmup) // rnd
             if fits < 1:
-                once = fresh_lane and config.persistent_workers and config.num_workers > 0
-                first = epoch_length if once else 0
-                return cls(config, reason, first, 1, epoch_length, whole_epoch=True)
+                return cls(config, reason, 0, 1, epoch_length, whole_epoch=True)
             need = fits * rnd
         return cls(config, reason, warmup, rnd, need)
 
@@ -120,10 +112,9 @@ class TrialTiming:
         """Measured batches in whole rounds."""
         return self.measured - self.measured % self.round_batches
 
-    def start(self, now: float, lead_s: float = 0.0) -> None:
-        """Its lane runs from ``now``, its ``iter()`` having taken ``lead_s``; with no warm-up
-        the window opens now."""
-        self.started, self.lead_s = True, lead_s
+    def start(self, now: float) -> None:
+        """Its lane runs from ``now``; with no warm-up the window opens now."""
+        self.started = True
         if self.warmup == 0:
             self._open(now)
 
@@ -175,10 +166,9 @@ class TrialTiming:
         end = self.warmup + (self.aligned or self.measured)
         w, s = self.waits[self.warmup : end], self.steps[self.warmup : end]
         n = self.samples[self.warmup : end]
-        lead = self.lead_s if self.whole_epoch and self.warmup == 0 else 0.0
-        total = sum(w) + sum(s) + lead  # an epoch timed whole: from its iter(), as measure does
+        total = sum(w) + sum(s)
         delivered = sum(n) / total if total > 0 else 0.0
-        stall = (sum(w) + lead) / total if total > 0 else None
+        stall = sum(w) / total if total > 0 else None
         if rate is not None and stall is not None:
             stall = max(stall, 1.0 - delivered / rate)
         return Trial(

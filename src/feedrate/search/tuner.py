@@ -163,23 +163,19 @@ class OnlineTuner:
         return self.pending is None and self.trial is not None and self.trial.batch_bytes is None
 
     def new_epoch(self, length: int | None) -> None:
-        """An epoch of ``length`` batches (None: unknown) begins. A trial's warm-up (one batch
-        per worker and the queue) is never cut short to fit it: an epoch with no room for the
-        warm-up and whole rounds after it is timed whole instead (``TrialTiming.planned``), as
-        a window after a cut warm-up would count the queue's burst."""
+        """An epoch of ``length`` batches (None: unknown) begins: no trial's warm-up may take
+        more than a quarter of it."""
         self.epoch += 1
         self.batch = 0
-        self._warmup_cap = 1 << 30 if length is None else max(1, length)
+        self._warmup_cap = 1 << 30 if length is None else max(1, length // 4)
         self._epoch_length = length
 
-    def lane_started(self, now: float, fresh: bool = False, lead_s: float = 0.0) -> None:
-        """A lane of ``config`` started at ``now`` with the epoch, its ``iter()`` having
-        taken ``lead_s`` (``fresh``: its workers are new): a trial in progress starts over on
-        it (with its warm-up)."""
+    def lane_started(self, now: float) -> None:
+        """A lane of ``config`` started at ``now`` with the epoch: a trial in progress starts
+        over on it (with its warm-up)."""
         if self.trial is not None:
-            warmup = self._warmup(self.config)
-            self.trial = self._timing(self.config, self.trial.reason, warmup, fresh)
-            self.trial.start(now, lead_s)
+            self.trial = self._timing(self.config, self.trial.reason, self._warmup(self.config))
+            self.trial.start(now)
 
     def observe(
         self, samples: int, wait: float, step: float, now: float, batch_bytes: int | None = None
@@ -350,11 +346,9 @@ class OnlineTuner:
         self.trial = self._timing(cfg, "measured again: the stall came back", 0)
         self.trial.start(now)
 
-    def _timing(self, cfg: LoaderConfig, why: str, warmup: int, fresh: bool = False) -> TrialTiming:
+    def _timing(self, cfg: LoaderConfig, why: str, warmup: int) -> TrialTiming:
         least = self._least if self.counted else 0
-        # Every rank of a job decides at each epoch's end: no epoch goes unmeasured there.
-        fresh = fresh and not self.counted
-        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least, fresh)
+        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least)
 
     def _warmup(self, cfg: LoaderConfig) -> int:
         return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)
