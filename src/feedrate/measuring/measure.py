@@ -289,7 +289,7 @@ def _notes(
     plan: windows.WindowPlan,
 ) -> list[str]:
     notes = []
-    ours = report.main.cpu_util + sum(w.cpu_util for w in report.workers)
+    ours = report.own_cpu
     ours += report.probe_cpu_s / report.wall_s if report.wall_s > 0 else 0.0
     if report.system_busy_cpus is not None and report.system_busy_cpus - ours > 0.25:
         notes.append(

@@ -54,6 +54,11 @@ class ProbeReport:
     shm_peak_bytes: int | None = None
     system_busy_cpus: float | None = None
 
+    @property
+    def own_cpu(self) -> float:
+        """CPUs the main process and its workers kept busy (1.0 = one core)."""
+        return self.main.cpu_util + sum(w.cpu_util for w in self.workers)
+
     def to_dict(self) -> dict[str, Any]:
         pin = self.pin_memory_thread
         return {

@@ -75,10 +75,7 @@ def slowest(measurements: list[Measurement]) -> Measurement:
         )
         notes = [f"the {n} ranks' rates agreed within their noise: pooled"]
     processes = replace(m.processes)
-    own = [
-        x.processes.main.cpu_util + sum(w.cpu_util for w in x.processes.workers)
-        for x in measurements
-    ]
+    own = [x.processes.own_cpu for x in measurements]
     busy = job_busy([x.processes.system_busy_cpus for x in measurements], own, low)
     if busy is not None:
         processes.system_busy_cpus = busy
