@@ -4,6 +4,7 @@ for the loop that iterates it, the cache, re-tuning, and no worker left behind."
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -173,6 +174,29 @@ def test_tunes_again_when_steps_get_faster() -> None:
     assert report.retunes >= 1
     assert any(e.what == "tune again" for e in report.events)
     assert same(want, got)
+
+
+def test_no_time_between_two_batches_goes_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every second from one batch to the next is the loop's step or its wait, this loader's
+    # own work included: time left out of both would let the workers fetch unseen (a burst).
+    seen: list[tuple[float, float, float]] = []
+    real = AutoLoader._observe
+
+    def observe(self: AutoLoader, lane: Lane, batch: Any, wait: float, step: float, now: float):  # type: ignore[no-untyped-def]
+        seen.append((wait, step, now))
+        real(self, lane, batch, wait, step, now)
+
+    monkeypatch.setattr(AutoLoader, "_observe", observe)
+    clock = FakeClock(0.001)
+    loader = DataLoader(TinyDataset(64), batch_size=8)
+    with AutoLoader(
+        loader, max_workers=0, allow_threads=False, use_cache=False, machine=None, clock=clock
+    ) as auto:
+        for _ in auto:
+            clock.t += 0.01
+    assert len(seen) == 8
+    for (_, _, before), (wait, step, now) in itertools.pairwise(seen):
+        assert before + wait + step == pytest.approx(now)
 
 
 def test_iterable_dataset_changes_settings_between_epochs_only() -> None:

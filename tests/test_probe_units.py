@@ -326,3 +326,28 @@ def test_whole_epochs_measurement_counts_worker_cpu() -> None:
     # epoch's new workers may finish their first item before the probe has read them (the main
     # process is descheduled on a busy machine), and counters tick at 10 ms: at least half.
     assert sum(w.cpu_s for w in m.processes.workers) >= 0.5 * 3 * 6 * 0.02
+
+
+def test_a_stopped_probe_does_not_finish_its_pass_over_the_workers_memory() -> None:
+    # Reading smaps takes milliseconds a process: a stop (every trial of autotune ends its
+    # probe) must not wait for a pass over a hundred workers, which the loop would pay.
+    reads: list[int] = []
+    started = threading.Event()
+
+    class SlowMemory:
+        pid = os.getpid()
+
+        def memory_full_info(self) -> Any:
+            reads.append(1)
+            started.set()
+            time.sleep(0.05)
+            return SimpleNamespace(uss=1, pss=1, rss=1)
+
+    probe = ProcessProbe(shm_interval_s=0.01)
+    probe._workers = {i: (SlowMemory(), ProcessFigures("worker", worker_id=i)) for i in range(60)}  # type: ignore[misc]
+    probe._in_window, probe._memory_due = True, 0.0
+    probe.__enter__()
+    assert started.wait(30)
+    probe.__exit__()
+    assert probe._thread is not None and not probe._thread.is_alive()
+    assert len(reads) < 60  # it gave up within the pass

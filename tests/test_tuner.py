@@ -19,7 +19,7 @@ from feedrate.results.trial import Trial, probe_fields
 from feedrate.search.online_trial import TRIAL_BATCHES, TRIAL_S, TrialTiming, window_rates
 from feedrate.search.plan import next_trial
 from feedrate.search.propose import propose_online
-from feedrate.search.space import Proposal, Space
+from feedrate.search.space import RESOLVED_REPEATS, Proposal, Space
 from feedrate.search.tuner import (
     RETUNE_STALL,
     WATCH_BATCHES,
@@ -76,7 +76,7 @@ class Loop:
             tuner.observe(16, wait, self.step_s, self.now, size)
             if tuner.trial_done(self.now):
                 self.conclude(cfg, drain=True)
-        if tuner.trial is not None and tuner.trial.measured >= 4:  # as AutoLoader's epoch end
+        if tuner.trial is not None and tuner.trial.epoch_done():  # as AutoLoader's epoch end
             self.conclude(tuner.trial.config, drain=False)
 
     def conclude(self, cfg: LoaderConfig, *, drain: bool) -> None:
@@ -379,8 +379,10 @@ def test_an_online_trial_is_judged_on_whole_rounds_not_on_a_burst(workers: int) 
 
 def test_an_epoch_too_short_for_whole_rounds_is_measured_whole() -> None:
     # 20 batches an epoch, 16 workers and a warm-up of 5: no whole round fits after it, so
-    # the trial takes the whole epoch from its start, the wait for the first round included.
-    st = TrialTiming.planned(LoaderConfig(16), "test", 5, 20)
+    # the trial takes whole epochs from their start, the wait for the first round included:
+    # two of them alone, one as a rank of a job (every rank decides at each epoch's end).
+    assert TrialTiming.planned(LoaderConfig(16), "test", 5, 20).need == 2 * 20
+    st = TrialTiming.planned(LoaderConfig(16), "test", 5, 20, epochs=1)
     assert st.whole_epoch and st.warmup == 0 and st.need == 20
     fed = feed_rounds(st, 16, 0.1)
     assert fed == 20
@@ -403,8 +405,186 @@ def test_a_warm_up_shorter_than_a_round_is_rounded_up_to_one() -> None:
     assert longer.warmup == 16 and longer.round_batches == 16
 
 
-def test_an_epoch_timed_whole_is_one_figure_not_its_bursts() -> None:
+def whole_epochs(st: TrialTiming, epoch_s: list[float], batches: int = 20) -> None:
+    """Time ``st`` over epochs of ``batches`` batches of 4 samples taking ``epoch_s`` each,
+    all of it in the first batch's wait (a burst after it), no ``iter()`` time."""
+    now = 0.0
+    for i, took in enumerate(epoch_s):
+        if i == 0:
+            st.start(now, lead_s=0.0)
+        else:
+            assert st.goes_on(st.config)
+            st.next_epoch(0.0)
+        for b in range(batches):
+            wait = took if b == 0 else 0.0
+            now += wait
+            st.add(4, wait, 0.0, now)
+
+
+def test_each_epoch_timed_whole_is_one_figure_not_its_bursts() -> None:
     st = TrialTiming.planned(LoaderConfig(16), "test", 5, 20)
-    feed_rounds(st, 16, 0.1)
+    whole_epochs(st, [0.2, 0.4])
+    assert not st.goes_on(st.config) and st.epoch_done()
     trial = st.result(None, None)
-    assert trial.spread is not None and trial.spread.windows == [pytest.approx(20 * 4 / 0.2)]
+    assert trial.spread is not None
+    assert trial.spread.windows == [pytest.approx(80 / 0.2), pytest.approx(80 / 0.4)]
+    assert trial.noise > 0.1  # two epochs apart say how far the figure can be trusted
+    assert trial.samples_per_s == pytest.approx(160 / 0.6)
+
+
+def test_a_trial_timed_whole_goes_on_over_the_next_epoch_of_its_lane() -> None:
+    # 20-batch epochs, 16 workers: the trial is timed whole over two epochs of the same lane;
+    # it is not concluded at the first epoch's end, and the second's iter() is counted.
+    tuner = tuner_from(16)
+    tuner.new_epoch(20)
+    tuner.lane_started(0.0, False, 0.0)
+    first = tuner.trial
+    assert first is not None and first.whole_epoch
+    for i in range(20):
+        tuner.observe(4, 0.1 if i == 0 else 0.0, 0.0, 0.1)
+    assert not first.epoch_done()
+    tuner.new_epoch(20)
+    tuner.lane_started(0.1, False, 0.3)
+    assert tuner.trial is first and first.leads == [0.0, 0.3]
+    for i in range(20):
+        tuner.observe(4, 0.1 if i == 0 else 0.0, 0.0, 0.5)
+    assert first.epoch_done()
+    tuner.conclude(0.5, None)
+    trial = tuner.trials[-1]
+    assert trial.spread is not None
+    assert sorted(trial.spread.windows) == [pytest.approx(80 / 0.4), pytest.approx(80 / 0.1)]
+
+
+def test_a_trial_timed_whole_that_began_within_an_epoch_starts_with_the_next() -> None:
+    # A lane that took over after a drain, within the epoch: its batches are not an epoch
+    # from its iter(), so the trial counts from the next epoch's start.
+    tuner = tuner_from(16)
+    tuner.new_epoch(20)
+    tuner.moved(online(LoaderConfig(16)), "test", drain=True)
+    tuner.switched(1.0)
+    part = tuner.trial
+    assert part is not None and part.whole_epoch and not part.marks
+    for _ in range(12):
+        tuner.observe(4, 0.0, 0.0, 1.0)
+    assert not part.epoch_done()
+    tuner.new_epoch(20)
+    tuner.lane_started(1.1, False, 0.2)
+    assert tuner.trial is not part and tuner.trial is not None
+    assert tuner.trial.marks == [0] and tuner.trial.leads == [0.2]
+
+
+def test_a_new_persistent_lane_on_a_short_epoch_is_timed_on_its_next_epoch() -> None:
+    # 20 batches an epoch, timed whole. On a lane whose persistent workers were just started,
+    # the epoch carries their start-up, which training pays once: it measures nothing, and the
+    # next epoch of the same lane (not fresh) is the trial. Workers that restart every epoch
+    # pay it every epoch: their trial is the fresh epoch itself.
+    kept = LoaderConfig(16, prefetch_factor=2, persistent_workers=True)
+    first = TrialTiming.planned(kept, "test", 5, 20, fresh_lane=True)
+    assert first.whole_epoch and first.warmup == 20
+    for _ in range(20):
+        first.add(4, 0.5, 0.0, 1.0)  # the start-up: slow batches
+    assert first.measured == 0  # nothing of it counts
+    later = TrialTiming.planned(kept, "test", 5, 20)
+    assert later.whole_epoch and later.warmup == 0 and later.need == 2 * 20
+    restarted = TrialTiming.planned(LoaderConfig(16), "test", 5, 20, fresh_lane=True)
+    assert restarted.whole_epoch and restarted.warmup == 0
+
+
+def test_a_warm_up_is_not_cut_to_fit_a_short_epoch() -> None:
+    # 42 workers, pf=2: a warm-up of 126 batches in a 128-batch epoch. Cut to a quarter of the
+    # epoch (32, a round: 42), the window after it would count the queue's burst; the trial is
+    # timed whole instead.
+    tuner = tuner_from(2)
+    tuner._warmup_of = lambda c: 3 * c.num_workers
+    tuner.new_epoch(128)
+    cfg = LoaderConfig(42, prefetch_factor=2, persistent_workers=True)
+    assert tuner._warmup(cfg) == 126
+    assert tuner._timing(cfg, "test", tuner._warmup(cfg)).whole_epoch
+
+
+def test_an_epoch_timed_whole_counts_its_iter() -> None:
+    # Persistent workers resume each epoch inside iter() (0.5 s with many of them here): an
+    # epoch timed whole counts it, as every epoch pays it and as a static measurement does.
+    cfg = LoaderConfig(16, persistent_workers=True)
+    st = TrialTiming.planned(cfg, "test", 5, 20, epochs=1)
+    st.start(0.0, lead_s=0.5)
+    now = 0.0
+    for i in range(20):
+        wait = 0.1 if i % 16 == 0 else 0.0
+        now += wait
+        st.add(4, wait, 0.0, now)
+    trial = st.result(None, None)
+    assert trial.samples_per_s == pytest.approx(20 * 4 / (0.2 + 0.5))
+    assert trial.stall_fraction == pytest.approx(1.0)
+
+
+def run_online(tuner: OnlineTuner, rate: Callable[[int], float], *, limit: int = 40) -> Settle:
+    """Drive ``tuner`` through its trials in a loop it never feeds (a do-nothing loop), the
+    pipeline making ``rate(workers)`` samples/s in 16-sample batches, each window of a trial
+    20% off that pace one way or the other (a noisy machine); the Settle it ends on."""
+    now = 0.0
+    action: object = None
+    for _ in range(limit):
+        tuner.new_epoch(None)
+        tuner.lane_started(now)
+        trial = tuner.trial
+        assert trial is not None
+        cfg, n = trial.config, 0
+        while not tuner.trial_done(now):
+            jitter = 0.8 if (n // max(1, cfg.num_workers)) % 2 else 1.2
+            wait = 16 / (rate(cfg.num_workers) * jitter)
+            now += wait
+            tuner.observe(16, wait, 0.0, now)
+            n += 1
+        action = tuner.conclude(now, processes(cfg))
+        if isinstance(action, Settle):
+            return action
+        assert isinstance(action, Try)
+        tuner.moved(action.config, action.why, drain=False)
+    raise AssertionError(f"no settling in {limit} trials: {action}")
+
+
+def test_near_tied_leaders_are_measured_again_in_turn_until_the_gap_is_resolved() -> None:
+    # A loop no configuration feeds: 8 workers make 10% more than 4, which one noisy trial
+    # each cannot tell apart (the cheapest within the noise would be 4). They are measured
+    # again, in turn, until each has RESOLVED_REPEATS; 8's lead, past NOISE_FLOOR, then stands.
+    start = online(LoaderConfig(4))
+    space = Space(cpus=4, baseline=start, max_workers=8, consumer=True)
+    tuner = OnlineTuner(space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1)
+    settle = run_online(tuner, lambda w: 25.0 * max(1, min(w, 4)) * (1.1 if w >= 8 else 1.0))
+    assert settle.config.num_workers == 8, tuner.report.events
+    again = [e for e in tuner.report.events if "measured again" in e.why]
+    assert again, tuner.report.events
+    by_workers = {t.config.num_workers: t for t in tuner.trials}
+    assert by_workers[8].repeats >= RESOLVED_REPEATS and by_workers[4].repeats >= RESOLVED_REPEATS
+
+
+def test_near_ties_within_the_floor_are_not_measured_again() -> None:
+    # 8 workers make 1% more than 4: within NOISE_FLOOR, the cheaper stands at once.
+    start = online(LoaderConfig(4))
+    space = Space(cpus=4, baseline=start, max_workers=8, consumer=True)
+    tuner = OnlineTuner(space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1)
+    settle = run_online(tuner, lambda w: 25.0 * max(1, min(w, 4)) * (1.01 if w >= 8 else 1.0))
+    assert settle.config.num_workers == 4
+    assert not [e for e in tuner.report.events if "measured again" in e.why]
+
+
+def test_a_trial_short_of_a_whole_round_at_the_epochs_end_is_not_concluded() -> None:
+    # 32 workers took over late in a 128-batch epoch: 16 batches measured after the warm-up,
+    # half a round, all of them from the queue's burst (hundreds of thousands of samples/s).
+    # That is no figure: the trial starts again with the next epoch.
+    st = TrialTiming.planned(LoaderConfig(32, prefetch_factor=2), "test", 96, 128)
+    assert not st.whole_epoch and st.round_batches == 32
+    st.start(0.0)
+    for i in range(96 + 16):
+        st.add(16, 0.0001, 0.0, i * 0.0001)
+    assert st.measured == 16 and not st.epoch_done()
+    for i in range(16):
+        st.add(16, 0.2 if i == 0 else 0.0001, 0.0, 1.0)
+    assert st.epoch_done()  # a whole round, its gap included
+    # Where the epoch's length is unknown (an iterable's), a few batches still do.
+    open_ended = TrialTiming.planned(LoaderConfig(32, prefetch_factor=2), "test", 96, None)
+    open_ended.start(0.0)
+    for i in range(96 + 4):
+        open_ended.add(16, 0.0001, 0.0, i * 0.0001)
+    assert open_ended.epoch_done()

@@ -17,10 +17,8 @@ the sampler's order, while worker start-up overlaps the drain.
 
 An ``IterableDataset`` (or a loader without automatic batching) yields its own stream, which
 cannot be split between loaders: there, settings change only between epochs, each epoch being
-one trial.
-
-In a distributed job every rank iterates its own ``AutoLoader`` and they switch together, at
-the same batches, from the figures of every rank (``autotuning.ranked``).
+one trial. In a distributed job every rank iterates its own ``AutoLoader`` and they switch
+together, at the same batches, from the figures of every rank (``autotuning.ranked``).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from feedrate.autotuning import delegation
 from feedrate.autotuning.lanes import Lane, Stream
 from feedrate.autotuning.probing import TrialProbe
 from feedrate.autotuning.ranked import Job, local_ranks
-from feedrate.autotuning.start import Start, save, starting_point, tuner_for
+from feedrate.autotuning.start import Start, check_arguments, save, starting_point, tuner_for
 from feedrate.distributed import group
 from feedrate.distributed.channel import RankError
 from feedrate.distributed.node import share
@@ -193,19 +191,21 @@ class AutoLoader(delegation.Surface):
         stream = Stream(sampler_it, epoch_length(self._user))
         self._tuner.new_epoch(stream.length)
         lane = self._start_lane(stream)
+        began = self._clock()
         while True:
-            began = self._clock()
             try:
                 batch = next(lane.it)
             except StopIteration:
                 if self._next is None:
                     break  # the epoch is done
                 lane = self._take_next(lane)
+                began = self._clock()
                 continue
             got = self._clock()
             yield batch
             back = self._clock()
             self._observe(lane, batch, got - began, back - got, back)
+            began = back  # this loader's own work until the next batch: the loop waits for it
             if (
                 self._next is None
                 and lane.feed is not None
@@ -213,13 +213,14 @@ class AutoLoader(delegation.Surface):
                 and self._tuner.trial_done(back)
             ):
                 self._next = self._switch_later(lane, stream)
+                began = self._clock()  # a switch is no trial's
         self._epoch_end()
 
     def _whole_epoch(self) -> Iterator[Any]:
         self._tuner.new_epoch(None)
         lane = self._start_lane(None)
+        began = self._clock()
         while True:
-            began = self._clock()
             try:
                 batch = next(lane.it)
             except StopIteration:
@@ -228,21 +229,25 @@ class AutoLoader(delegation.Surface):
             yield batch
             back = self._clock()
             self._observe(lane, batch, got - began, back - got, back)
+            began = back
         self._epoch_end()
 
     def _start_lane(self, stream: Stream | None) -> Lane:
         cfg = self._tuner.config
-        if self._lane is None or self._lane.config != cfg:
-            if self._lane is not None:
-                self._lane.close()
-            self._lane = Lane(self._user, cfg, self._split, self._seed if self._split else None)
-        delegation.resume(self._lane.loader, self._resume)
+        lane, fresh = self._lane, self._lane is None or self._lane.config != cfg
+        if lane is None or fresh:
+            if lane is not None:
+                lane.close()
+            seed = self._seed if self._split else None
+            lane = self._lane = Lane(self._user, cfg, self._split, seed)
+        delegation.resume(lane.loader, self._resume)
         self._resume = None
-        self._lane.start(stream)
+        called = self._clock()
+        lane.start(stream)
         now = self._clock()
-        self._tuner.lane_started(now)  # a trial starts (again) with the epoch
-        self._follow(self._lane, now)
-        return self._lane
+        self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
+        self._follow(lane, now)
+        return lane
 
     def _observe(self, lane: Lane, batch: Any, wait: float, step: float, now: float) -> None:
         size = batch_nbytes(batch) if self._tuner.wants_batch_bytes else None
@@ -256,7 +261,7 @@ class AutoLoader(delegation.Surface):
         # With other ranks: every rank's trial started at the same batch; whether each measured
         # enough is for the call to say (a stream's epochs may differ in length by rank).
         ranked = self._job is not None and trial is not None and trial.started
-        if ranked or (self._job is None and trial is not None and trial.measured >= 4):
+        if ranked or (self._job is None and trial is not None and trial.epoch_done()):
             proposal = self._decide()
             if proposal is not None:
                 self._tuner.moved(*proposal, drain=False)  # it runs from the next epoch
@@ -375,12 +380,7 @@ def autotune(
         raise UserError(
             f"autotune() takes a torch.utils.data.DataLoader, got {type(loader).__name__}"
         )
-    if max_workers is not None and max_workers < 0:
-        raise UserError(f"max_workers must be 0 or more, got {max_workers}")
-    if rate is not None and not (isinstance(rate, int | float) and 0 < rate < float("inf")):
-        raise UserError(f"rate must be a positive number of samples/s, got {rate!r}")
-    if not (isinstance(budget_s, int | float) and budget_s > 0):
-        raise UserError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
+    check_arguments(max_workers=max_workers, rate=rate, budget_s=budget_s)
     auto = AutoLoader(
         inner,
         max_workers=max_workers,

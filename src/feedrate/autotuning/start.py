@@ -108,6 +108,16 @@ def starting_point(
     return Start(config, started_from, settled, stall, space, own if use_cache else None)
 
 
+def check_arguments(*, max_workers: int | None, rate: float | None, budget_s: float) -> None:
+    """``autotune``'s arguments, or a UserError naming the one that is wrong."""
+    if max_workers is not None and max_workers < 0:
+        raise UserError(f"max_workers must be 0 or more, got {max_workers}")
+    if rate is not None and not (isinstance(rate, int | float) and 0 < rate < float("inf")):
+        raise UserError(f"rate must be a positive number of samples/s, got {rate!r}")
+    if not (isinstance(budget_s, int | float) and budget_s > 0):
+        raise UserError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
+
+
 def tuner_for(start: Start, *, rate: float | None, budget_s: float, counted: bool) -> OnlineTuner:
     """The online tuner from ``start`` (``counted``: one rank of a job, see ``OnlineTuner``)."""
     return OnlineTuner(

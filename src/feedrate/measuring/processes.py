@@ -140,15 +140,19 @@ class ProcessProbe:
                 self._learn(self._attached)
             now = time.monotonic()
             if self._in_window and now >= self._memory_due:
-                self._read_memory()
+                self._read_memory(stoppable=True)
                 took = time.monotonic() - now
                 # Reading smaps costs real CPU (kernel time, per process): keep it to ~0.5% duty.
                 self._memory_due = now + max(self._memory_interval, MEMORY_DUTY * took)
 
-    def _read_memory(self) -> None:
+    def _read_memory(self, *, stoppable: bool = False) -> None:
+        """Read every process's memory (smaps: milliseconds each). ``stoppable``: the poller
+        gives up at a stop, which would otherwise wait for a pass over a hundred workers."""
         with self._lock:
             workers = list(self._workers.values())
         for proc, fig in workers:
+            if stoppable and self._stop.is_set():
+                return
             _memory(proc, fig)
         _memory(self._me, self._report.main)
 

@@ -29,6 +29,11 @@ TRIAL_WINDOWS = 4
 #: A trial measures at least this many whole rounds of its workers' deliveries.
 MIN_ROUNDS = 2
 
+#: An epoch too short for a trial's warm-up and whole rounds is timed whole, and a trial of
+#: such epochs (alone, not a rank of a job) times this many: one epoch is one figure, with no
+#: spread to say how far it can be trusted.
+WHOLE_EPOCHS = 2
+
 
 def window_rates(
     samples: list[int],
@@ -61,8 +66,9 @@ class TrialTiming:
     (s). Its first ``warmup`` batches (made while the lane started) are not measured: the
     window opens after them (``opened``, at ``began``). It is judged on whole rounds of
     ``round_batches`` (its worker count) and measures at least ``need`` batches; with
-    ``whole_epoch`` (an epoch too short for a warm-up and whole rounds) it measures one epoch
-    from its start, the wait for the workers included."""
+    ``whole_epoch`` (an epoch too short for a warm-up and whole rounds) it measures whole
+    epochs from their ``iter()``, the wait for the workers included, each one window
+    (``epochs``, continued by ``next_epoch``)."""
 
     config: LoaderConfig
     reason: str
@@ -70,6 +76,7 @@ class TrialTiming:
     round_batches: int = 1
     need: int = TRIAL_BATCHES
     whole_epoch: bool = False
+    bounded: bool = True  # planned for an epoch of known length
     began: float = 0.0
     started: bool = False
     opened: bool = False
@@ -77,6 +84,11 @@ class TrialTiming:
     waits: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
+    #: Timed whole: per measured epoch, the batch it began at (of the measured ones) and the
+    #: seconds its ``iter()`` took before the lane ran (workers resumed or started), which
+    #: every epoch pays, as a static measurement counts.
+    marks: list[int] = field(default_factory=list)
+    leads: list[float] = field(default_factory=list)
 
     @classmethod
     def planned(
@@ -86,12 +98,16 @@ class TrialTiming:
         warmup: int,
         epoch_length: int | None,
         least: int = 0,
+        fresh_lane: bool = False,
+        epochs: int = WHOLE_EPOCHS,
     ) -> TrialTiming:
         """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them,
         ``TRIAL_BATCHES`` and ``least`` (batches); in epochs of ``epoch_length`` batches (None:
-        unknown) too short for its warm-up and one whole round, one whole epoch instead. A warm-up
-        is rounded up to whole rounds: a window opened inside the first round would count its
-        burst."""
+        unknown) too short for its warm-up and one whole round, ``epochs`` whole epochs instead. A
+        warm-up is rounded up to whole rounds: a window opened inside the first round would count
+        its burst. An epoch timed whole on a ``fresh_lane`` of persistent workers is their
+        start-up, which training pays once: it is all warm-up (nothing measured), and the lane's
+        next epochs are the trial."""
         rnd = max(1, config.num_workers)
         if warmup and rnd > 1:
             warmup = -(-warmup // rnd) * rnd  # whole rounds, so the window opens on a round's end
@@ -99,9 +115,12 @@ class TrialTiming:
         if epoch_length is not None and warmup + need > epoch_length:
             fits = (epoch_length - warmup) // rnd
             if fits < 1:
-                return cls(config, reason, 0, 1, epoch_length, whole_epoch=True)
+                once = fresh_lane and config.persistent_workers and config.num_workers > 0
+                first = epoch_length if once else 0
+                need = epoch_length * max(1, epochs)
+                return cls(config, reason, first, 1, need, whole_epoch=True)
             need = fits * rnd
-        return cls(config, reason, warmup, rnd, need)
+        return cls(config, reason, warmup, rnd, need, bounded=epoch_length is not None)
 
     @property
     def measured(self) -> int:
@@ -112,11 +131,31 @@ class TrialTiming:
         """Measured batches in whole rounds."""
         return self.measured - self.measured % self.round_batches
 
-    def start(self, now: float) -> None:
-        """Its lane runs from ``now``; with no warm-up the window opens now."""
+    def start(self, now: float, lead_s: float | None = None) -> None:
+        """Its lane runs from ``now``: with ``lead_s``, from an epoch's start, its ``iter()``
+        having taken that long (else from a switch within the epoch). With no warm-up the window
+        opens now; timed whole, it counts only from an epoch's start."""
         self.started = True
         if self.warmup == 0:
             self._open(now)
+            if self.whole_epoch and lead_s is not None:
+                self.marks, self.leads = [0], [lead_s]
+
+    def goes_on(self, config: LoaderConfig) -> bool:
+        """Timed whole, begun, with epochs still to time on the same lane of ``config``."""
+        return (
+            self.whole_epoch
+            and self.opened
+            and bool(self.marks)
+            and 0 < self.measured < self.need
+            and config == self.config
+        )
+
+    def next_epoch(self, lead_s: float) -> None:
+        """The next epoch of a trial timed whole begins, its ``iter()`` having taken
+        ``lead_s``."""
+        self.marks.append(self.measured)
+        self.leads.append(lead_s)
 
     def add(self, samples: int, wait: float, step: float, now: float) -> None:
         self.samples.append(samples)
@@ -145,6 +184,16 @@ class TrialTiming:
         waited = sum(self.waits[self.warmup :])
         return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
 
+    def epoch_done(self) -> bool:
+        """At an epoch's end: enough to conclude on. Timed whole: all its epochs. Else a whole
+        round at least: the batches of an epoch's last part arrive in the queue's burst, with
+        no round's gap among them (where the epoch's length is unknown, 4 batches do)."""
+        if self.whole_epoch:
+            return self.measured >= self.need
+        if not self.bounded:
+            return self.measured >= 4
+        return self.aligned >= max(4, self.round_batches)
+
     def full(self) -> bool:
         """Enough measured by batch count alone (``need``, on a whole round): the end of a
         trial every rank of a job reaches at the same batch, whatever its clock says."""
@@ -166,9 +215,10 @@ class TrialTiming:
         end = self.warmup + (self.aligned or self.measured)
         w, s = self.waits[self.warmup : end], self.steps[self.warmup : end]
         n = self.samples[self.warmup : end]
-        total = sum(w) + sum(s)
+        lead = sum(self.leads)  # epochs timed whole: from their iter(), as measure does
+        total = sum(w) + sum(s) + lead
         delivered = sum(n) / total if total > 0 else 0.0
-        stall = sum(w) / total if total > 0 else None
+        stall = (sum(w) + lead) / total if total > 0 else None
         if rate is not None and stall is not None:
             stall = max(stall, 1.0 - delivered / rate)
         return Trial(
@@ -176,7 +226,7 @@ class TrialTiming:
             reason=self.reason,
             samples_per_s=delivered,
             spread=Spread.of_rates(
-                [delivered]  # an epoch timed whole is one figure: its runs would be bursts
+                self._epoch_rates(n, w, s)  # an epoch's runs would be bursts
                 if self.whole_epoch
                 else window_rates(n, w, s, round_batches=self.round_batches),
                 "mad",
@@ -185,3 +235,15 @@ class TrialTiming:
             batch_bytes=self.batch_bytes,
             **(probe_fields(processes) if processes is not None else {}),
         )
+
+    def _epoch_rates(self, n: list[int], w: list[float], s: list[float]) -> list[float]:
+        """Timed whole: each epoch's samples over its time, its ``iter()`` included."""
+        marks = self.marks or [0]
+        leads = self.leads or [0.0]
+        rates = []
+        for i, (a, lead) in enumerate(zip(marks, leads, strict=False)):
+            b = marks[i + 1] if i + 1 < len(marks) else len(s)
+            span = sum(w[a:b]) + sum(s[a:b]) + lead
+            if b > a and span > 0:
+                rates.append(sum(n[a:b]) / span)
+        return rates

@@ -1,5 +1,6 @@
 """The search's two entry points and its answer: ``propose`` (tune's next trial), ``propose_online``
-(autotune's) and ``choose`` (the recommendation).
+(autotune's), ``choose`` (the recommendation) and ``unresolved`` (the trial to measure again
+before the answer stands).
 """
 
 from __future__ import annotations
@@ -7,7 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from feedrate.results.trial import Trial
-from feedrate.search.space import Proposal, Space, beats, covers, eligible, outpaced
+from feedrate.search.space import (
+    NOISE_FLOOR,
+    RESOLVED_REPEATS,
+    Proposal,
+    Space,
+    beats,
+    covers,
+    eligible,
+    fastest,
+    outpaced,
+)
 from feedrate.search.steps import CONSUMER_STEPS, FASTEST_STEPS, ONLINE_STEPS
 
 
@@ -74,3 +85,20 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
             t.memory_bytes,
         ),
     )
+
+
+def unresolved(space: Space, trials: list[Trial]) -> Trial | None:
+    """The trial to measure again before ``choose``'s answer stands, or None: while no trial
+    keeps a consumer fed and the answer (the cheapest within the noise of the fastest) is more
+    than ``NOISE_FLOOR`` slower than the fastest, the one of the two with fewer repeats, until
+    both have ``RESOLVED_REPEATS`` (then ``outpaced`` takes a gap past the floor as real)."""
+    measured = eligible(space, trials)
+    top, pick = fastest(measured), choose(space, trials)
+    if top is None or pick is None or pick is top:
+        return None
+    if space.consumer and any(covers(t) for t in measured):
+        return None  # the answer is the cheapest that keeps the consumer fed
+    if top.median <= pick.median * (1 + NOISE_FLOOR):
+        return None  # the gap is within the floor: the cheaper one is as good
+    behind = min((pick, top), key=lambda t: t.repeats)
+    return behind if behind.repeats < RESOLVED_REPEATS else None

@@ -28,10 +28,10 @@ from feedrate.results.autotune import AutotuneReport, Event
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
 from feedrate.results.trial import Trial
-from feedrate.search.online_trial import TRIAL_S, TrialTiming
+from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
-from feedrate.search.propose import choose, propose_online
-from feedrate.search.space import STALL_MARGIN, Space, covers
+from feedrate.search.propose import choose, propose_online, unresolved
+from feedrate.search.space import STALL_MARGIN, Space, covers, eligible, fastest
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
@@ -141,6 +141,7 @@ class OnlineTuner:
         # zero); the reference the watch windows compare against.
         self.settled_stall = settled_stall if settled else 0.0
         self.thread_check: ThreadCheck | None = None
+        self._again: Trial | None = None  # the trial the one in progress measures again
         self._warmup_of = warmup
         self._warmup_cap = 1 << 30
         self._watch = self._new_watch()
@@ -163,19 +164,27 @@ class OnlineTuner:
         return self.pending is None and self.trial is not None and self.trial.batch_bytes is None
 
     def new_epoch(self, length: int | None) -> None:
-        """An epoch of ``length`` batches (None: unknown) begins: no trial's warm-up may take
-        more than a quarter of it."""
+        """An epoch of ``length`` batches (None: unknown) begins. A trial's warm-up (one batch
+        per worker and the queue) is never cut short to fit it: an epoch with no room for the
+        warm-up and whole rounds after it is timed whole instead (``TrialTiming.planned``), as
+        a window after a cut warm-up would count the queue's burst."""
         self.epoch += 1
         self.batch = 0
-        self._warmup_cap = 1 << 30 if length is None else max(1, length // 4)
+        self._warmup_cap = 1 << 30 if length is None else max(1, length)
         self._epoch_length = length
 
-    def lane_started(self, now: float) -> None:
-        """A lane of ``config`` started at ``now`` with the epoch: a trial in progress starts
-        over on it (with its warm-up)."""
-        if self.trial is not None:
-            self.trial = self._timing(self.config, self.trial.reason, self._warmup(self.config))
-            self.trial.start(now)
+    def lane_started(self, now: float, fresh: bool = False, lead_s: float = 0.0) -> None:
+        """A lane of ``config`` started at ``now`` with the epoch, its ``iter()`` having
+        taken ``lead_s`` (``fresh``: its workers are new): a trial timed whole goes on with
+        this epoch; any other in progress starts over on it (with its warm-up)."""
+        trial = self.trial
+        if trial is None:
+            return
+        if not fresh and trial.goes_on(self.config):
+            trial.next_epoch(lead_s)
+            return
+        self.trial = self._timing(self.config, trial.reason, self._warmup(self.config), fresh)
+        self.trial.start(now, lead_s)
 
     def observe(
         self, samples: int, wait: float, step: float, now: float, batch_bytes: int | None = None
@@ -236,7 +245,7 @@ class OnlineTuner:
         assert trial is not None, "conclude() needs a trial in progress"
         if self._round_began is None:
             self._round_began = trial.began
-        self.trials.append(trial.result(self.rate, processes))
+        self._record(trial.result(self.rate, processes))
         self.trial = None
         return self._next(self._spent_at(now))
 
@@ -248,7 +257,7 @@ class OnlineTuner:
         assert self.trial is not None, "conclude_job() needs a trial in progress"
         if self._round_began is None:
             self._round_began = self.trial.began
-        self.trials.append(trial)
+        self._record(trial)
         self.trial = None
         self._batch_s = batch_s
         if batch_s:
@@ -279,6 +288,7 @@ class OnlineTuner:
     def move_failed(self, config: LoaderConfig, why: str, error: str, now: float) -> None:
         """A lane of ``config`` could not start (memory, /dev/shm, open files): recorded, and
         the lane in use is measured again from ``now``."""
+        self._again = None
         self.trials.append(Trial(config, why, error=f"did not start: {error}"))
         self._event(f"stay on {self.config.label()}", f"{config.label()}: {error}")
         self.trial = self._timing(self.config, "measured again", 0)
@@ -297,6 +307,14 @@ class OnlineTuner:
         self.pending = None
         if not self.report.settled:
             self.trial = self._timing(self.config, "measured again after a stop", 0)
+
+    def _record(self, trial: Trial) -> None:
+        """A concluded trial joins the others; a repeat (``_again``) is pooled with its first."""
+        again, self._again = self._again, None
+        if again is not None and again.config == trial.config and trial.measured:
+            again.pool(trial)
+        else:
+            self.trials.append(trial)
 
     def _spent_at(self, now: float) -> bool:
         began = self._round_began
@@ -321,6 +339,14 @@ class OnlineTuner:
             return Try(step.config, step.why)
         if step.action == "budget_spent":
             self._event("stop trying", f"budget_s={self.budget_s:g} s of trials spent")
+        elif not spent and (behind := unresolved(self.space, self.trials)) is not None:
+            # Near-tied leaders: measured again, in turn, until the gap is resolved.
+            top = fastest(eligible(self.space, self.trials))
+            assert top is not None
+            why = f"measured again: within the noise of {top.config.label()}, the fastest"
+            self._again = behind
+            self._event(f"try {behind.config.label()}", why)
+            return Try(behind.config, why)
         return self._settle()
 
     def _settle(self) -> Settle:
@@ -340,15 +366,17 @@ class OnlineTuner:
         self.watch_due = None
         self.report.retunes += 1
         self.report.settled = False
-        self.trials = []  # the old steps no longer describe the loop
+        self.trials, self._again = [], None  # the old steps no longer describe the loop
         self.space = replace(self.space, baseline=online(cfg))
         self._event("tune again", f"the data stall came back ({stall:.0%} of the time waiting)")
         self.trial = self._timing(cfg, "measured again: the stall came back", 0)
         self.trial.start(now)
 
-    def _timing(self, cfg: LoaderConfig, why: str, warmup: int) -> TrialTiming:
+    def _timing(self, cfg: LoaderConfig, why: str, warmup: int, fresh: bool = False) -> TrialTiming:
         least = self._least if self.counted else 0
-        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least)
+        # Every rank of a job decides at each epoch's end: no epoch goes unmeasured there.
+        fresh, epochs = (False, 1) if self.counted else (fresh, WHOLE_EPOCHS)
+        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least, fresh, epochs)
 
     def _warmup(self, cfg: LoaderConfig) -> int:
         return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)

@@ -15,9 +15,8 @@ from typing import Protocol
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
-from feedrate.search.propose import choose
+from feedrate.search.propose import choose, unresolved
 from feedrate.search.space import (
-    NOISE_FLOOR,
     RESOLVED_REPEATS,
     Space,
     contended,
@@ -99,16 +98,12 @@ def confirm(s: Measures, baseline: Trial) -> None:
 def resolve(s: Measures) -> None:
     """While the answer (the cheapest within the noise of the fastest) is more than
     ``NOISE_FLOOR`` slower than the fastest: measure the two again, the one with fewer repeats
-    first, until both have ``RESOLVED_REPEATS`` (then ``choose`` takes a gap past the floor
-    as real) or the fastest beats it outright, within the budget."""
+    first (``search.propose.unresolved``), until the gap is resolved, within the budget."""
     for _ in range(4 * RESOLVED_REPEATS):
-        top, pick = fastest(eligible(s.space, s.trials)), choose(s.space, s.trials)
-        if top is None or pick is None or pick is top:
+        behind = unresolved(s.space, s.trials)
+        if behind is None or not s.room():
             return
-        if top.median <= pick.median * (1 + NOISE_FLOOR):
-            return  # the gap is within the floor: the cheaper one is as good
-        behind = min((pick, top), key=lambda t: t.repeats)
-        if behind.repeats >= RESOLVED_REPEATS or not s.room():
-            return
+        top = fastest(eligible(s.space, s.trials))
+        assert top is not None
         why = f"measured again: within the noise of {top.config.label()}, the fastest"
         behind.pool(s.trial(behind.config, why, record=False))
