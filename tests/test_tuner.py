@@ -518,9 +518,11 @@ def test_an_epoch_timed_whole_counts_its_iter() -> None:
     assert trial.stall_fraction == pytest.approx(1.0)
 
 
-def run_online(tuner: OnlineTuner, rate: Callable[[int], float], *, limit: int = 40) -> Settle:
+def run_online(
+    tuner: OnlineTuner, rate: Callable[[LoaderConfig], float], *, limit: int = 40
+) -> Settle:
     """Drive ``tuner`` through its trials in a loop it never feeds (a do-nothing loop), the
-    pipeline making ``rate(workers)`` samples/s in 16-sample batches, each window of a trial
+    pipeline making ``rate(config)`` samples/s in 16-sample batches, each window of a trial
     20% off that pace one way or the other (a noisy machine); the Settle it ends on."""
     now = 0.0
     action: object = None
@@ -532,7 +534,7 @@ def run_online(tuner: OnlineTuner, rate: Callable[[int], float], *, limit: int =
         cfg, n = trial.config, 0
         while not tuner.trial_done(now):
             jitter = 0.8 if (n // max(1, cfg.num_workers)) % 2 else 1.2
-            wait = 16 / (rate(cfg.num_workers) * jitter)
+            wait = 16 / (rate(cfg) * jitter)
             now += wait
             tuner.observe(16, wait, 0.0, now)
             n += 1
@@ -544,6 +546,11 @@ def run_online(tuner: OnlineTuner, rate: Callable[[int], float], *, limit: int =
     raise AssertionError(f"no settling in {limit} trials: {action}")
 
 
+def workers_rate(workers: int, at_8: float) -> float:
+    """25 samples/s a worker up to 4, ``at_8`` times that from 8 workers on."""
+    return 25.0 * max(1, min(workers, 4)) * (at_8 if workers >= 8 else 1.0)
+
+
 def test_near_tied_leaders_are_measured_again_in_turn_until_the_gap_is_resolved() -> None:
     # A loop no configuration feeds: 8 workers make 10% more than 4, which one noisy trial
     # each cannot tell apart (the cheapest within the noise would be 4). They are measured
@@ -551,11 +558,11 @@ def test_near_tied_leaders_are_measured_again_in_turn_until_the_gap_is_resolved(
     start = online(LoaderConfig(4))
     space = Space(cpus=4, baseline=start, max_workers=8, consumer=True)
     tuner = OnlineTuner(space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1)
-    settle = run_online(tuner, lambda w: 25.0 * max(1, min(w, 4)) * (1.1 if w >= 8 else 1.0))
+    settle = run_online(tuner, lambda c: workers_rate(c.num_workers, 1.1))
     assert settle.config.num_workers == 8, tuner.report.events
     again = [e for e in tuner.report.events if "measured again" in e.why]
     assert again, tuner.report.events
-    by_workers = {t.config.num_workers: t for t in tuner.trials}
+    by_workers = {t.config.num_workers: t for t in tuner.trials if t.config.prefetch_factor == 2}
     assert by_workers[8].repeats >= RESOLVED_REPEATS and by_workers[4].repeats >= RESOLVED_REPEATS
 
 
@@ -564,7 +571,7 @@ def test_near_ties_within_the_floor_are_not_measured_again() -> None:
     start = online(LoaderConfig(4))
     space = Space(cpus=4, baseline=start, max_workers=8, consumer=True)
     tuner = OnlineTuner(space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1)
-    settle = run_online(tuner, lambda w: 25.0 * max(1, min(w, 4)) * (1.01 if w >= 8 else 1.0))
+    settle = run_online(tuner, lambda c: workers_rate(c.num_workers, 1.01))
     assert settle.config.num_workers == 4
     assert not [e for e in tuner.report.events if "measured again" in e.why]
 
