@@ -145,8 +145,7 @@ class TrialTiming:
         """Timed whole, begun, with epochs still to time on the same lane of ``config``."""
         return (
             self.whole_epoch
-            and self.opened
-            and bool(self.marks)
+            and bool(self.marks)  # set when its window opened at an epoch's start
             and 0 < self.measured < self.need
             and config == self.config
         )

@@ -87,11 +87,11 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
     )
 
 
-def unresolved(space: Space, trials: list[Trial]) -> Trial | None:
-    """The trial to measure again before ``choose``'s answer stands, or None: while no trial
-    keeps a consumer fed and the answer (the cheapest within the noise of the fastest) is more
-    than ``NOISE_FLOOR`` slower than the fastest, the one of the two with fewer repeats, until
-    both have ``RESOLVED_REPEATS`` (then ``outpaced`` takes a gap past the floor as real)."""
+def unresolved(space: Space, trials: list[Trial]) -> tuple[Trial, str] | None:
+    """The trial to measure again before ``choose``'s answer stands, and why, or None: while no
+    trial keeps a consumer fed and the answer (the cheapest within the noise of the fastest) is
+    more than ``NOISE_FLOOR`` slower than the fastest, the one of the two with fewer repeats,
+    until both have ``RESOLVED_REPEATS`` (then ``outpaced`` takes a gap past the floor as real)."""
     measured = eligible(space, trials)
     top, pick = fastest(measured), choose(space, trials)
     if top is None or pick is None or pick is top:
@@ -101,4 +101,6 @@ def unresolved(space: Space, trials: list[Trial]) -> Trial | None:
     if top.median <= pick.median * (1 + NOISE_FLOOR):
         return None  # the gap is within the floor: the cheaper one is as good
     behind = min((pick, top), key=lambda t: t.repeats)
-    return behind if behind.repeats < RESOLVED_REPEATS else None
+    if behind.repeats >= RESOLVED_REPEATS:
+        return None
+    return behind, f"measured again: within the noise of {top.config.label()}, the fastest"

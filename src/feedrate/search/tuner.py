@@ -31,7 +31,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose_online, unresolved
-from feedrate.search.space import STALL_MARGIN, Space, covers, eligible, fastest
+from feedrate.search.space import STALL_MARGIN, Space, covers
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
@@ -339,11 +339,9 @@ class OnlineTuner:
             return Try(step.config, step.why)
         if step.action == "budget_spent":
             self._event("stop trying", f"budget_s={self.budget_s:g} s of trials spent")
-        elif not spent and (behind := unresolved(self.space, self.trials)) is not None:
+        elif not spent and (again := unresolved(self.space, self.trials)) is not None:
             # Near-tied leaders: measured again, in turn, until the gap is resolved.
-            top = fastest(eligible(self.space, self.trials))
-            assert top is not None
-            why = f"measured again: within the noise of {top.config.label()}, the fastest"
+            behind, why = again
             self._again = behind
             self._event(f"try {behind.config.label()}", why)
             return Try(behind.config, why)

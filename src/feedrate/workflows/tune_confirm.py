@@ -20,8 +20,6 @@ from feedrate.search.space import (
     RESOLVED_REPEATS,
     Space,
     contended,
-    eligible,
-    fastest,
 )
 
 #: Rivals within this share of the leader are measured again before the answer is given.
@@ -100,10 +98,8 @@ def resolve(s: Measures) -> None:
     ``NOISE_FLOOR`` slower than the fastest: measure the two again, the one with fewer repeats
     first (``search.propose.unresolved``), until the gap is resolved, within the budget."""
     for _ in range(4 * RESOLVED_REPEATS):
-        behind = unresolved(s.space, s.trials)
-        if behind is None or not s.room():
+        again = unresolved(s.space, s.trials)
+        if again is None or not s.room():
             return
-        top = fastest(eligible(s.space, s.trials))
-        assert top is not None
-        why = f"measured again: within the noise of {top.config.label()}, the fastest"
+        behind, why = again
         behind.pool(s.trial(behind.config, why, record=False))
