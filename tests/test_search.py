@@ -5,7 +5,7 @@ everything, whatever side of the CPU count it lies on."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -363,6 +363,34 @@ def test_aim_is_bounded_by_the_cpu_time_it_projects() -> None:
     assert bottleneck(first, 2) == "latency"
     proposal = propose_online(s, [first])
     assert proposal is not None and proposal[0].num_workers == 17
+
+
+def uneven_cpu(cfg: LoaderConfig) -> Figures:
+    """Skewed per-sample CPU cost on 2 CPUs, in order: the CPUs are full from 2 workers, and a
+    deeper pool past the slow samples gains a few percent (statically: 8 workers ~7% above 2)."""
+    w = cfg.num_workers
+    gain = {0: 0.6, 1: 0.55, 2: 1.0, 4: 1.03, 8: 1.07, 16: 1.06}.get(w, 1.06)
+    return Figures(2500 * gain, 0.1, min(1.0, 1.8 / max(1, w)) if w else 0.0)
+
+
+@pytest.mark.parametrize("batch_bytes", [4096, 2**20])
+def test_online_doubles_cpu_bound_workers_up_to_four_per_cpu_while_no_slower(
+    batch_bytes: int,
+) -> None:
+    # A loop that does nothing waits at every count, so the stall cannot guide, and the gains
+    # past the CPU count lie within one short trial's noise (5% here): while the workers keep
+    # the CPUs busy and each count is no slower than the one before, double them up to 4 per
+    # CPU (then the repeats tell which paid). Not for big batches: more workers only add copies.
+    start = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
+    s = space(cpus=2, consumer=True, baseline=start)
+    noisy = lambda cfg: replace(uneven_cpu(cfg), noise=0.05)  # noqa: E731
+    trials = online(s, noisy, 1e9, start, batch_bytes=batch_bytes)
+    counts = [t.config.num_workers for t in trials]
+    if batch_bytes < 2**20:
+        assert counts[:3] == [2, 4, 8] and max(counts) == 8
+        assert "more batches in flight" in trials[2].reason
+    else:
+        assert 8 not in counts
 
 
 def test_online_does_not_try_zero_workers_when_the_work_would_stall_the_loop() -> None:

@@ -16,7 +16,14 @@ from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial, probe_fields
-from feedrate.search.online_trial import TRIAL_BATCHES, TRIAL_S, TrialTiming, window_rates
+from feedrate.search.online_trial import (
+    BEHIND,
+    TRIAL_BATCHES,
+    TRIAL_S,
+    TrialTiming,
+    at_epoch_end,
+    window_rates,
+)
 from feedrate.search.plan import next_trial
 from feedrate.search.propose import propose_online
 from feedrate.search.space import RESOLVED_REPEATS, Proposal, Space
@@ -129,6 +136,35 @@ def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:
     assert not timing(0.01, 0.09, half).done(t_half)  # fed: measured in full
     assert not timing(0.09, 0.01, half - 1).done(t_half)
     assert timing(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)
+
+
+def test_a_starved_trial_that_may_lead_is_measured_in_full() -> None:
+    # A loop that does nothing is starved by every configuration: a starved trial ends early
+    # only once it is known to be slower (under BEHIND of the fastest so far, its rival).
+    half, t_half = TRIAL_BATCHES // 2, TRIAL_S / 2
+    rate = 16 / 0.1  # timing()'s: 16 samples per 0.1 s
+    ahead = timing(0.09, 0.01, half)
+    ahead.rival = rate
+    assert not ahead.done(t_half)  # as fast as the best so far: measured in full
+    behind = timing(0.09, 0.01, half)
+    behind.rival = rate / (BEHIND * 0.9)
+    assert behind.done(t_half)  # plainly slower: half is enough
+
+
+def test_each_trial_after_the_first_has_the_fastest_so_far_as_its_rival() -> None:
+    tuner = tuner_from(2)
+    assert tuner.trial is not None and tuner.trial.rival is None  # nothing measured yet
+    tuner.new_epoch(None)
+    tuner.lane_started(0.0)
+    now = 0.0
+    while not tuner.trial_done(now):  # a loop that does nothing: starved
+        now += 0.05
+        tuner.observe(16, 0.05, 0.0, now, 4096)
+    action = tuner.conclude(now, processes(tuner.config))
+    assert isinstance(action, Try)
+    tuner.moved(action.config, action.why, drain=False)
+    assert tuner.trial is not None
+    assert tuner.trial.rival == pytest.approx(tuner.trials[0].median)
 
 
 def test_warm_up_batches_are_not_measured_and_open_the_window() -> None:
@@ -576,21 +612,30 @@ def test_near_ties_within_the_floor_are_not_measured_again() -> None:
     assert not [e for e in tuner.report.events if "measured again" in e.why]
 
 
-def test_a_trial_short_of_a_whole_round_at_the_epochs_end_is_not_concluded() -> None:
-    # 32 workers took over late in a 128-batch epoch: 16 batches measured after the warm-up,
-    # half a round, all of them from the queue's burst (hundreds of thousands of samples/s).
-    # That is no figure: the trial starts again with the next epoch.
-    st = TrialTiming.planned(LoaderConfig(32, prefetch_factor=2), "test", 96, 128)
+def test_a_trial_at_the_epochs_end_needs_a_round_more_than_the_queue() -> None:
+    # 32 workers (pf=2: a queue of 64) took over late in a 256-batch epoch. The queue may be
+    # full of ready batches when the window opens: up to two rounds of them arrive in a burst
+    # with no round's gap (hundreds of thousands of samples/s, next to no CPU). Concluded at
+    # the epoch's end only with a round more than that; else the next epoch starts it again.
+    cfg = LoaderConfig(32, prefetch_factor=2)
+    assert at_epoch_end(cfg) == 96
+    st = TrialTiming.planned(cfg, "test", 96, 256)
     assert not st.whole_epoch and st.round_batches == 32
     st.start(0.0)
-    for i in range(96 + 16):
-        st.add(16, 0.0001, 0.0, i * 0.0001)
-    assert st.measured == 16 and not st.epoch_done()
-    for i in range(16):
+    for i in range(96 + 64):
+        st.add(16, 0.0001, 0.0, i * 0.0001)  # two rounds, all from the queue
+    assert st.measured == 64 and not st.epoch_done()
+    for i in range(32):
         st.add(16, 0.2 if i == 0 else 0.0001, 0.0, 1.0)
-    assert st.epoch_done()  # a whole round, its gap included
+    assert st.epoch_done()  # a round made in the window, its gap included
+    # From an epoch's start the queue began empty: a whole round does.
+    fresh = TrialTiming.planned(cfg, "test", 96, 256)
+    fresh.start(0.0, lead_s=0.01)
+    for i in range(96 + 32):
+        fresh.add(16, 0.2 if i == 96 else 0.0001, 0.0, 1.0)
+    assert fresh.epoch_done()
     # Where the epoch's length is unknown (an iterable's), a few batches still do.
-    open_ended = TrialTiming.planned(LoaderConfig(32, prefetch_factor=2), "test", 96, None)
+    open_ended = TrialTiming.planned(cfg, "test", 96, None)
     open_ended.start(0.0)
     for i in range(96 + 4):
         open_ended.add(16, 0.0001, 0.0, i * 0.0001)

@@ -29,7 +29,12 @@ def deviation(rates: list[float], estimator: Estimator = "stdev") -> float:
 @dataclass(frozen=True)
 class Spread:
     """Steady-state samples/s of each window and their summary; ``stdev`` is the windows'
-    standard deviation as ``estimator`` estimates it."""
+    standard deviation as ``estimator`` estimates it. ``span``: the rate compared across
+    trials is what the measurement delivered over its whole span (``Trial.median``), not the
+    median window. autotune's online trials are judged so: their windows are a few rounds of
+    workers that deliver in bursts, and where per-sample cost is uneven the median window
+    misses the slow ones, the more so the fewer the workers (skewed CPU cost: the median window
+    of 2 workers read above 8's while 8 delivered 4-20% more)."""
 
     windows: list[float]
     median: float
@@ -37,15 +42,19 @@ class Spread:
     max: float
     stdev: float
     estimator: Estimator = "stdev"
+    span: bool = False
 
     @classmethod
-    def of_rates(cls, rates: list[float], estimator: Estimator = "stdev") -> Spread:
+    def of_rates(
+        cls, rates: list[float], estimator: Estimator = "stdev", *, span: bool = False
+    ) -> Spread:
         """The spread of per-window rates (samples/s); all zero without windows."""
         if not rates:
-            return cls([], 0.0, 0.0, 0.0, 0.0, estimator)
+            return cls([], 0.0, 0.0, 0.0, 0.0, estimator, span)
         rates = list(rates)
         med = statistics.median(rates)
-        return cls(rates, med, min(rates), max(rates), deviation(rates, estimator), estimator)
+        dev = deviation(rates, estimator)
+        return cls(rates, med, min(rates), max(rates), dev, estimator, span)
 
     @property
     def rel(self) -> float:
@@ -67,7 +76,7 @@ class Spread:
         rates = [*self.windows, *other.windows]
         if not rates:
             return self
-        return replace(Spread.of_rates(rates, self.estimator))
+        return replace(Spread.of_rates(rates, self.estimator, span=self.span))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +86,7 @@ class Spread:
             "max": self.max,
             "stdev": self.stdev,
             "estimator": self.estimator,
+            "span": self.span,
             "rel": self.rel,
             "rel_se": self.rel_se,
         }
@@ -84,4 +94,12 @@ class Spread:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Spread:
         estimator: Estimator = "mad" if d.get("estimator") == "mad" else "stdev"
-        return cls(list(d["windows"]), d["median"], d["min"], d["max"], d["stdev"], estimator)
+        return cls(
+            list(d["windows"]),
+            d["median"],
+            d["min"],
+            d["max"],
+            d["stdev"],
+            estimator,
+            bool(d.get("span", False)),
+        )

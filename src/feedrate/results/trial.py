@@ -99,8 +99,11 @@ class Trial:
 
     @property
     def median(self) -> float:
-        """The rate compared across trials: the median window, robust to one noisy window."""
-        return self.spread.median if self.spread is not None else 0.0
+        """The rate compared across trials: the median window, robust to one noisy window, or
+        for a trial judged on its span (``Spread.span``), the samples/s it delivered over it."""
+        if self.spread is None:
+            return 0.0
+        return self.samples_per_s if self.spread.span else self.spread.median
 
     @property
     def noise(self) -> float:

@@ -19,8 +19,13 @@ from feedrate.results.trial import Trial, probe_fields
 TRIAL_BATCHES = 12
 TRIAL_S = 0.5
 
-#: A trial whose loop waits more than this share of the time ends after half as many batches.
+#: A trial whose loop waits more than this share of the time ends after half as many batches,
+#: when it delivers under ``BEHIND`` of the fastest trial so far (its ``rival``, where there is
+#: one): it is known to be slower. One that may lead is measured in full: after a switch a pool
+#: of workers takes a few hundred ms to reach its pace (skewed CPU cost, 8 workers on 2 CPUs:
+#: within 3% of 2 workers over a quarter second, 20-40% ahead over half a second).
 STARVED = 0.5
+BEHIND = 0.8
 
 #: Windows an online trial's rate is measured in (for its spread).
 TRIAL_WINDOWS = 4
@@ -60,6 +65,17 @@ def window_rates(
     return rates
 
 
+def at_epoch_end(config: LoaderConfig) -> int:
+    """Batches in whole rounds a trial of ``config`` begun at a switch (its lane started while
+    the one before drained) must have measured to be concluded at an epoch's end (no time is
+    asked of it there, as mid-epoch), at least 4: one round more than the queue. The queue may
+    hold that many batches ready when the window opens, and they arrive in a burst with no
+    round's gap among them (16 workers concluded on one such round read 45,000 samples/s at no
+    CPU)."""
+    rnd = max(1, config.num_workers)
+    return max(4, config.queue_depth + rnd)
+
+
 @dataclass
 class TrialTiming:
     """The trial in progress: per batch the samples, the wait in ``next()`` and the step after
@@ -84,6 +100,8 @@ class TrialTiming:
     waits: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
+    rival: float | None = None  # samples/s of the fastest trial so far, where there is one
+    from_switch: bool = False  # began at a switch within an epoch (a lane started meanwhile)
     #: Timed whole: per measured epoch, the batch it began at (of the measured ones) and the
     #: seconds its ``iter()`` took before the lane ran (workers resumed or started), which
     #: every epoch pays, as a static measurement counts.
@@ -103,23 +121,23 @@ class TrialTiming:
     ) -> TrialTiming:
         """A trial of ``config``: whole rounds of its workers, at least ``MIN_ROUNDS`` of them,
         ``TRIAL_BATCHES`` and ``least`` (batches); in epochs of ``epoch_length`` batches (None:
-        unknown) too short for its warm-up and one whole round, ``epochs`` whole epochs instead. A
-        warm-up is rounded up to whole rounds: a window opened inside the first round would count
-        its burst. An epoch timed whole on a ``fresh_lane`` of persistent workers is their
-        start-up, which training pays once: it is all warm-up (nothing measured), and the lane's
-        next epochs are the trial."""
+        unknown) too short for its warm-up and one whole round, ``epochs`` whole epochs
+        instead. A warm-up is rounded up to whole rounds: a window opened inside the first round
+        would count its burst. An epoch timed whole on a ``fresh_lane`` of persistent workers is
+        their start-up, which training pays once: it is all warm-up (nothing measured), and the
+        lane's next epochs are the trial."""
         rnd = max(1, config.num_workers)
         if warmup and rnd > 1:
             warmup = -(-warmup // rnd) * rnd  # whole rounds, so the window opens on a round's end
         need = max(TRIAL_BATCHES, MIN_ROUNDS * rnd, least)
-        if epoch_length is not None and warmup + need > epoch_length:
-            fits = (epoch_length - warmup) // rnd
-            if fits < 1:
+        if epoch_length is not None:
+            fits = (epoch_length - warmup) // rnd * rnd
+            if fits < rnd:
                 once = fresh_lane and config.persistent_workers and config.num_workers > 0
                 first = epoch_length if once else 0
                 need = epoch_length * max(1, epochs)
                 return cls(config, reason, first, 1, need, whole_epoch=True)
-            need = fits * rnd
+            need = min(need, fits)
         return cls(config, reason, warmup, rnd, need, bounded=epoch_length is not None)
 
     @property
@@ -136,6 +154,7 @@ class TrialTiming:
         having taken that long (else from a switch within the epoch). With no warm-up the window
         opens now; timed whole, it counts only from an epoch's start."""
         self.started = True
+        self.from_switch = lead_s is None
         if self.warmup == 0:
             self._open(now)
             if self.whole_epoch and lead_s is not None:
@@ -169,7 +188,9 @@ class TrialTiming:
     def done(self, now: float) -> bool:
         """Enough measured, on a whole round; a loop starved most of the time is judged on
         half as much, but never on fewer than ``MIN_ROUNDS`` rounds (the verdict is plain, and
-        every batch of it costs training time; the first round after a switch is the slowest)."""
+        every batch of it costs training time; the first round after a switch is the slowest),
+        and, with a ``rival``, only while it delivers under ``BEHIND`` of it: a loop that does
+        nothing is starved by every configuration, and one that may lead is measured whole."""
         m = self.measured
         if self.whole_epoch:
             return m >= self.need
@@ -181,17 +202,24 @@ class TrialTiming:
         if m < least or now - self.began < TRIAL_S / 2:
             return False
         waited = sum(self.waits[self.warmup :])
-        return waited > STARVED * (waited + sum(self.steps[self.warmup :]))
+        span = waited + sum(self.steps[self.warmup :])
+        if waited <= STARVED * span:
+            return False
+        if self.rival is None or span <= 0:
+            return True
+        return sum(self.samples[self.warmup :]) / span < BEHIND * self.rival
 
     def epoch_done(self) -> bool:
-        """At an epoch's end: enough to conclude on. Timed whole: all its epochs. Else a whole
-        round at least: the batches of an epoch's last part arrive in the queue's burst, with
-        no round's gap among them (where the epoch's length is unknown, 4 batches do)."""
+        """At an epoch's end: enough to conclude on. Timed whole: all its epochs. Begun at a
+        switch within the epoch, ``at_epoch_end`` batches; from the epoch's start, whose queue
+        began empty, a whole round (where the epoch's length is unknown, 4 batches do)."""
         if self.whole_epoch:
             return self.measured >= self.need
         if not self.bounded:
             return self.measured >= 4
-        return self.aligned >= max(4, self.round_batches)
+        if self.from_switch:
+            return self.aligned >= at_epoch_end(self.config)
+        return self.aligned >= max(4, self.round_batches)  # its queue began empty
 
     def full(self) -> bool:
         """Enough measured by batch count alone (``need``, on a whole round): the end of a
@@ -207,10 +235,11 @@ class TrialTiming:
         return (sum(self.waits[self.warmup :]) + sum(self.steps[self.warmup :])) / n
 
     def result(self, rate: float | None, processes: ProbeReport | None) -> Trial:
-        """The measured batches, in whole rounds, as a Trial: the rate delivered to the loop
-        (its spread over ``window_rates``), the stall, and what ``processes`` saw. With the
-        consumer's ``rate`` the stall is the larger of the one measured and ``1 - delivered /
-        rate``: a loop slower than ``rate`` never shows whether the loader could keep up."""
+        """The measured batches, in whole rounds, as a Trial: the rate delivered to the loop,
+        the figure it is compared by (its spread over ``window_rates``), the stall, and what
+        ``processes`` saw. With the consumer's ``rate`` the stall is the larger of the one
+        measured and ``1 - delivered / rate``: a loop slower than ``rate`` never shows whether
+        the loader could keep up."""
         end = self.warmup + (self.aligned or self.measured)
         w, s = self.waits[self.warmup : end], self.steps[self.warmup : end]
         n = self.samples[self.warmup : end]
@@ -229,6 +258,7 @@ class TrialTiming:
                 if self.whole_epoch
                 else window_rates(n, w, s, round_batches=self.round_batches),
                 "mad",
+                span=True,  # judged on what it delivered: see Spread
             ),
             stall_fraction=stall,
             batch_bytes=self.batch_bytes,

@@ -31,7 +31,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose_online, unresolved
-from feedrate.search.space import STALL_MARGIN, Space, covers
+from feedrate.search.space import STALL_MARGIN, Space, covers, eligible, fastest
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
@@ -374,7 +374,9 @@ class OnlineTuner:
         least = self._least if self.counted else 0
         # Every rank of a job decides at each epoch's end: no epoch goes unmeasured there.
         fresh, epochs = (False, 1) if self.counted else (fresh, WHOLE_EPOCHS)
-        return TrialTiming.planned(cfg, why, warmup, self._epoch_length, least, fresh, epochs)
+        timing = TrialTiming.planned(cfg, why, warmup, self._epoch_length, least, fresh, epochs)
+        timing.rival = getattr(fastest(eligible(self.space, self.trials)), "median", None)
+        return timing
 
     def _warmup(self, cfg: LoaderConfig) -> int:
         return min(self._warmup_of(cfg) if cfg.num_workers else 0, self._warmup_cap)
