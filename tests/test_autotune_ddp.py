@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler
 from feedrate.autotuning.lanes import Feed, Stream
 from feedrate.autotuning.ranked import Job
 from feedrate.autotuning.start import Start
-from feedrate.distributed.channel import RankError, failure
+from feedrate.distributed.channel import Channel, RankError, failure
 from feedrate.distributed.group import Ranks
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
@@ -203,6 +203,14 @@ class FakeChannel:
         return [obj, *self.others]
 
 
+def test_a_closed_channel_refuses_calls_rather_than_use_the_job_s_group() -> None:
+    channel = Channel(Ranks(0, 2, 0, 2, 0, 1, (0, 0)), object(), 5.0, "feedrate.autotune")
+    channel.close()  # outside a job: nothing to destroy, and twice is once
+    channel.close()
+    with pytest.raises(RankError, match=r"rank 0.s channel for feedrate\.autotune is closed"):
+        channel.all_gather({"stall": 0.1})
+
+
 def test_a_rank_s_failure_reaches_the_others_naming_it() -> None:
     job = Job(FakeChannel([failure(1, OSError("no space left in /dev/shm"))]))  # type: ignore[arg-type]
     with pytest.raises(RankError, match=r"rank 1 failed: OSError: no space left in /dev/shm"):
@@ -252,6 +260,11 @@ again = sum(1 for batch in auto if dist.all_reduce(torch.ones(1)) is None)
 assert again == len(auto), again
 with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
     json.dump({{"log": log, "trials": len(auto.report().trials), "said": str(auto.report())}}, f)
+job = auto._job
+auto.close()
+assert auto._job is None and job.channel._group is None, "the channel to the others is closed"
+after = sum(1 for batch in auto if dist.all_reduce(torch.ones(1)) is None)  # they meet anew
+assert after == len(auto) and auto._job is not None, after
 auto.close()
 dist.destroy_process_group()
 """

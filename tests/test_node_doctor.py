@@ -26,7 +26,7 @@ from feedrate.results.doctor import Report
 from feedrate.results.findings import Finding
 from feedrate.results.ranks import RankFacts
 from feedrate.workflows import doctor_node
-from feedrate.workflows.doctor_node import NODE_CHECKS, on_the_node
+from feedrate.workflows.doctor_node import NODE_CHECKS, meet, on_the_node
 
 from pipelines import ShardedStream, SleepDataset
 
@@ -103,6 +103,23 @@ def test_workers_past_the_node_s_cpus() -> None:
     assert f.fix.startswith("num_workers=2 per rank")
     mixed = [rank(0, num_workers=8), rank(1, num_workers=2)]
     assert "2 ranks with 8 + 2 workers = 10" in only(mixed, "node-worker-oversubscription").message
+
+
+def test_ranks_pinned_each_to_its_own_cpus_count_them_all() -> None:
+    # Each of 4 ranks sees only its own 2 CPUs (taskset, numactl): the node has their 8.
+    alone = {**NODE, "cpus_usable": 2}
+    pinned = [rank(r, num_workers=2, cpu_ids=[2 * r, 2 * r + 1]) for r in range(4)]
+    assert ids(pinned, alone) == []
+    more = [replace(r, num_workers=3) for r in pinned]
+    f = only(more, "node-worker-oversubscription", alone)
+    assert "on 8 usable CPUs" in f.message and f.fix.startswith("num_workers=2 per rank")
+    same = [rank(r, num_workers=2, cpu_ids=[0, 1]) for r in range(4)]  # all on the same 2
+    assert "on 2 usable CPUs" in only(same, "node-worker-oversubscription", alone).message
+    told = {**alone, "cpus_affinity": 8}  # machine={"cpus_usable": 2} on 8 CPUs, unpinned
+    unpinned = [rank(r, num_workers=2, cpu_ids=list(range(8))) for r in range(4)]
+    assert "on 2 usable CPUs" in only(unpinned, "node-worker-oversubscription", told).message
+    quota = {**alone, "cpu_quota": 4.0}  # the container's quota binds them together
+    assert "on 4 usable CPUs" in only(pinned, "node-worker-oversubscription", quota).message
 
 
 def test_the_threads_of_threaded_workers_are_named() -> None:
@@ -254,7 +271,12 @@ def test_accelerate_s_dispatcher_is_known_by_its_class_name() -> None:
 def test_outside_a_distributed_job_the_report_is_untouched() -> None:
     report = Report(machine={}, config=LoaderConfig(), findings=[], checks=[], seconds=0.0)
     before = report.to_dict()
-    assert on_the_node(report, DataLoader(SleepDataset(8, 0.0)), set(NODE_CHECKS), 1.0) is report
+    assert (
+        on_the_node(
+            report, DataLoader(SleepDataset(8, 0.0)), set(NODE_CHECKS), meet(set(NODE_CHECKS), 1.0)
+        )
+        is report
+    )
     assert report.to_dict() == before and report.ranks is None
 
 
@@ -310,6 +332,60 @@ def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
     assert [line for line in done.stdout.splitlines() if line.strip()] == [
         "said: " + " ".join(f.id for f in reports[0].findings)
     ]  # rank 0 spoke; nothing else in either rank printed
+
+
+LOST = """
+import os, sys, time
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+import feedrate
+from feedrate.workflows import doctor_node
+from pipelines import SleepDataset
+
+doctor_node.JOIN_S = 5.0  # how long the ranks wait for one that does not come
+dist.init_process_group("gloo")
+rank, how = dist.get_rank(), sys.argv[2]
+if rank == 1 and how == "absent":
+    time.sleep(25)  # alive, but never calls the doctor
+    os._exit(0)
+
+
+def step(batch):
+    if rank == 1:
+        os._exit(0)  # dies in the middle of its own checks, after meeting the others
+
+
+loader = DataLoader(SleepDataset(64, 0.001), batch_size=8, num_workers=1)
+began = time.monotonic()
+report = feedrate.doctor(loader, trial_seconds=0.3, step=step)
+node = next(c for c in report.checks if c.name == "node")
+print(f"{node.status} after {time.monotonic() - began:.0f} s: {node.detail}", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["absent", "dies"])
+def test_a_rank_that_is_absent_or_dies_fails_the_node_step_soon(tmp_path: Path, how: str) -> None:
+    """Not after the others' long wait for a slow rank (``SKEW_STEPS`` steps, ~10 min here):
+    a rank that never comes within the join's wait, one that dies as soon as it is gone."""
+    (tmp_path / "lost.py").write_text(LOST, encoding="utf-8")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    done = subprocess.run(
+        [*run, "2", "lost.py", str(tmp_path), how],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=240,
+    )
+    said = [line for line in done.stdout.splitlines() if " after " in line]
+    assert len(said) == 1 and said[0].startswith("failed after "), (done.stdout + done.stderr)[
+        -3000:
+    ]
+    assert int(said[0].split()[2]) < 120, said[0]  # the slow rank's wait is 600 s and more
+    assert "rank 0 could not" in said[0]
 
 
 def test_libraries_that_split_by_rank_are_known() -> None:
@@ -377,7 +453,9 @@ def _report() -> Report:
 def test_a_rank_that_fails_is_named_and_the_others_judged(monkeypatch: pytest.MonkeyPatch) -> None:
     channel = FakeChannel(failure(1, RuntimeError("its loader broke")))
     _in_a_job(monkeypatch, channel)
-    report = on_the_node(_report(), DataLoader(SleepDataset(8, 0.0)), set(NODE_CHECKS), 1.0)
+    report = on_the_node(
+        _report(), DataLoader(SleepDataset(8, 0.0)), set(NODE_CHECKS), meet(set(NODE_CHECKS), 1.0)
+    )
     failed = report.finding("check-failed")
     assert failed is not None and "rank 1 failed: RuntimeError: its loader broke" in failed.message
     assert report.checks[-1].name == "node" and report.checks[-1].status == "failed"
@@ -387,7 +465,9 @@ def test_a_rank_that_fails_is_named_and_the_others_judged(monkeypatch: pytest.Mo
 
 def test_ranks_that_do_not_meet_make_a_finding_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
     _in_a_job(monkeypatch, RankError("rank 0 could not reach every rank within 5 s"))
-    report = on_the_node(_report(), DataLoader(SleepDataset(8, 0.0)), set(NODE_CHECKS), 1.0)
+    report = on_the_node(
+        _report(), DataLoader(SleepDataset(8, 0.0)), set(NODE_CHECKS), meet(set(NODE_CHECKS), 1.0)
+    )
     failed = report.finding("check-failed")
     assert failed is not None and "could not reach every rank" in failed.message
     assert report.ranks is None
@@ -397,7 +477,9 @@ def test_the_gathered_facts_judge_every_rank_alike(monkeypatch: pytest.MonkeyPat
     theirs = rank(1, sharded=False, sampler="SequentialSampler", dataset_len=8).to_dict()
     _in_a_job(monkeypatch, FakeChannel(theirs))
     loader = DataLoader(SleepDataset(8, 0.0))
-    report = on_the_node(_report(), loader, set(NODE_CHECKS), 1.0)
+    report = on_the_node(_report(), loader, set(NODE_CHECKS), meet(set(NODE_CHECKS), 1.0))
     assert [f.id for f in report.findings] == ["no-distributed-sampler"]
-    asked = on_the_node(_report(), loader, {"node-memory"}, 1.0)  # only what was asked for
+    asked = on_the_node(
+        _report(), loader, {"node-memory"}, meet({"node-memory"}, 1.0)
+    )  # only what was asked for
     assert asked.findings == [] and asked.checks[-1].status == "ok"

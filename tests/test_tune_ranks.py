@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from feedrate.cli.ranks import without_nproc
 from feedrate.distributed.group import ranks_of
 from feedrate.distributed.launch import free_port
-from feedrate.distributed.node import share
+from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.shards import sharded
@@ -106,6 +106,21 @@ def test_nodes_are_numbered_and_ranks_counted_per_node() -> None:
     r = ranks_of(3, ["a", "a", "b", "b"])
     assert (r.node, r.nodes, r.local_rank, r.local_world, r.world) == (1, 2, 1, 2, 4)
     assert r.on_node(0) == [0, 1] and not r.main
+
+
+def test_ranks_pinned_each_to_its_own_cpus_share_all_of_the_node_s() -> None:
+    masks = [[0], [1], [0, 1, 2]]  # ranks 0 and 1 pinned on node "a"; rank 2 alone on "b"
+    assert ranks_of(0, ["a", "a", "b"], masks).node_cpus == 2
+    assert ranks_of(2, ["a", "a", "b"], masks).node_cpus == 3
+    assert ranks_of(0, ["a", "a"], [[0], None]).node_cpus is None  # a mask unread
+    own = replace(collect(), cpus_affinity=1, cpus_usable=1, cpu_quota=None)
+    assert share(own, 2, node_cpus=2).cpus_usable == 1  # its own CPU, not half of it
+    four = replace(own, cpus_affinity=4, cpus_usable=4)
+    assert share(four, 2, node_cpus=4).cpus_usable == 2
+    assert share(replace(four, cpu_quota=2.0, cpus_usable=2), 2, node_cpus=4).cpus_usable == 1
+    assert of_node(own, 2).cpus_usable == 2 and of_node(own, None) is own
+    told = replace(own, cpus_affinity=16, cpus_usable=2)  # machine={"cpus_usable": 2}, unpinned
+    assert share(told, 2, node_cpus=16).cpus_usable == 1
 
 
 def test_shards_split_the_epoch_between_the_ranks() -> None:

@@ -1,11 +1,11 @@
 """``feedrate.autotune(loader)``: a loader that tunes its own settings while training runs.
 
 The training loop is the consumer: the time between two of its ``next()`` calls is its step,
-the time ``next()`` waits is the data stall. ``AutoLoader`` tries configurations on consecutive
-stretches of the epoch, keeps the cheapest one that removes the stall, then only watches: two
-clock readings per batch. When the stall comes back (steps got faster after warm-up or
-compilation), it tunes again from where it is. The decisions are ``search.tuner``'s (pure, fed
-the clock readings); this module runs the lanes, reads the clock and probes the processes.
+the time ``next()`` waits is the data stall. ``AutoLoader`` tries configurations on stretches
+of the epoch, keeps the cheapest that removes the stall, then only watches (two clock readings
+a batch), and tunes again from where it is when the stall comes back. The decisions are
+``search.tuner``'s (pure, fed the clock readings); this module runs the lanes, reads the clock
+and probes the processes.
 
 Correctness first, for a map-style dataset with automatic batching: autotune owns the epoch's
 index stream. At each epoch it iterates the user's batch sampler once, as DataLoader would,
@@ -24,6 +24,7 @@ together, at the same batches, from the figures of every rank (``autotuning.rank
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -47,7 +48,6 @@ from feedrate.loader.rebuild import is_iterable_style
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import thread_safety
 from feedrate.results.autotune import AutotuneReport
-from feedrate.results.evidence import ThreadCheck
 from feedrate.search.space import Proposal
 from feedrate.search.tuner import BUDGET_S, Action, CheckThreads, OnlineTuner, Settle
 
@@ -104,8 +104,12 @@ class AutoLoader(delegation.Surface):
         report.trials = list(self._tuner.trials)
         return report
 
-    def close(self) -> None:
-        """End the worker processes now (they also end when this object is collected)."""
+    def close(self, *, channel: bool = True) -> None:
+        """End the worker processes now and, with other ranks, the channel to them (both end
+        too when this object is collected). Iterating again meets the other ranks anew."""
+        if channel and self._job is not None:
+            self._job.close()
+            self._job, self._joined = None, False
         self._probe.stop()
         for lane in (self._lane, self._next):
             if lane is not None:
@@ -123,7 +127,7 @@ class AutoLoader(delegation.Surface):
         try:
             yield from (self._epoch() if self._pipeline is None else self._pipeline())
         except BaseException as exc:
-            self.close()  # an error or Ctrl-C in the loop (or ours): no worker left behind
+            self.close(channel=False)  # an error or Ctrl-C in the loop (or ours): no worker left
             if self._job is not None and not isinstance(exc, RankError):
                 where = f"at batch {self._tuner.batch} of epoch {self._tuner.epoch}"
                 self._job.stop(where, exc)  # the other ranks must not wait for this one
@@ -131,11 +135,11 @@ class AutoLoader(delegation.Surface):
 
     # --- where it starts, alone or with the other ranks ------------------------------------------
 
-    def _starting(self, local_ranks: int) -> Start:
-        """Where this process starts, deciding within its share of the node's CPUs, memory,
-        /dev/shm and open files (``local_ranks`` ranks share it)."""
-        self._local_ranks = local_ranks
-        facts = share(self._machine or collect(), local_ranks)
+    def _starting(self, local_ranks: int, node_cpus: int | None = None) -> Start:
+        """Where this process starts, within its share of the node's CPUs, memory, /dev/shm and
+        open files (``local_ranks`` share it, ``node_cpus`` their CPUs where each is pinned)."""
+        self._local_ranks, self._facts = local_ranks, self._machine or collect()
+        facts = share(self._facts, local_ranks, node_cpus)
         self._start = starting_point(
             self._user,
             facts,
@@ -151,23 +155,27 @@ class AutoLoader(delegation.Surface):
         return tuner_for(start, rate=self._rate, budget_s=self._budget_s, counted=counted)
 
     def _join(self) -> None:
-        """At the first iteration of a distributed job, with every rank (collective): rank 0's
-        starting point on every rank, and trials that end on batch counts."""
-        if self._coordinate is False or not group.active():
-            self._joined = True
-            return
-        job = self._job = Job.open()  # should it fail, the next iteration tries again
+        """At the first iteration of a distributed job (collective): the other ranks met."""
+        if self._coordinate is not False and group.active():
+            self._meet(Job.open())  # should it fail, the next iteration tries again
         self._joined = True
-        start = self._start
-        if job.main and job.channel.ranks.local_world != self._local_ranks:
-            try:  # the launcher did not say how many ranks share the node
-                start = self._starting(job.channel.ranks.local_world)
-            except Exception as exc:
-                job.failing(exc)
-                raise
-        self._tuner = self._tuner_of(Start.from_dict(job.first(start.to_dict())), counted=True)
-        if not job.main:
-            self._cache_key = None  # rank 0 keeps what the job settles on
+
+    def _meet(self, job: Job) -> None:
+        """Rank 0's start on every rank, trials on batch counts (after ``close()``: as it was)."""
+        self._job = job
+        weakref.finalize(self, job.close)  # a loader dropped unclosed closes its channel
+        if not self._tuner.counted:
+            start, ranks = self._start, job.channel.ranks
+            pinned = (ranks.node_cpus or 0) > self._facts.cpus_affinity  # each sees its own
+            if job.main and (ranks.local_world != self._local_ranks or pinned):
+                try:  # the launcher did not say how many ranks share the node, or what CPUs
+                    start = self._starting(ranks.local_world, ranks.node_cpus)
+                except Exception as exc:
+                    job.failing(exc)
+                    raise
+            self._tuner = self._tuner_of(Start.from_dict(job.first(start.to_dict())), counted=True)
+            if not job.main:
+                self._cache_key = None  # rank 0 keeps what the job settles on
         job.same_length(epoch_length(self._user) if self._split else None)
 
     # --- one epoch -----------------------------------------------------------------------------
@@ -180,9 +188,8 @@ class AutoLoader(delegation.Surface):
             libraries.carry_state(self._lane.loader, self._user)
 
     def _split_epoch(self) -> Iterator[Any]:
-        # As DataLoader does for each iterator: iter(batch sampler), then a base seed drawn from
-        # the loader's generator (a persistent loader draws it only for its first iterator),
-        # then the sampler's own draw as its batches are taken.
+        # As DataLoader does: iter(batch sampler), then a base seed from the loader's generator
+        # (a persistent loader's first iterator only), then the sampler's draw as batches go.
         sampler_it = iter(self._user.batch_sampler)  # type: ignore[arg-type]
         user = self._user
         if self._tuner.epoch == 0 or not (user.persistent_workers and user.num_workers > 0):
@@ -269,10 +276,9 @@ class AutoLoader(delegation.Surface):
     # --- trials ----------------------------------------------------------------------------------
 
     def _decide(self, taken: int | None = None) -> Proposal | None:
-        """Conclude the trial in progress: the configuration to move to, or None to stay.
-        Runs the thread-safety check the tuner asks for, and keeps what it settles on. With
-        other ranks, from every rank's figures (``taken``: batches this rank's lanes took from
-        the epoch's stream)."""
+        """Conclude the trial in progress: the configuration to move to, or None to stay; runs
+        the thread-safety check asked for, keeps what it settles on. With other ranks, from
+        every rank's figures (``taken``: batches this rank's lanes took from the stream)."""
         now = self._clock()
         processes = self._probe.close(self._tuner.trial, now)
         action: Action | None
@@ -282,7 +288,9 @@ class AutoLoader(delegation.Surface):
             action, figures = self._job.conclude(self._tuner, processes, now, taken)
             self._switch_at = figures.switch_at
         while isinstance(action, CheckThreads):
-            action = self._tuner.threads_checked(self._thread_check(action), self._clock())
+            run = partial(thread_safety.check, self._user.dataset, action.threads)
+            checked = run() if self._job is None else self._job.thread_check(run)
+            action = self._tuner.threads_checked(checked, self._clock())
         if action is None:
             return None  # not every rank measured enough: the trial goes on
         if isinstance(action, Settle):
@@ -290,13 +298,9 @@ class AutoLoader(delegation.Surface):
             return None if action.config == self._tuner.config else (action.config, "settled")
         return action.config, action.why
 
-    def _thread_check(self, action: CheckThreads) -> ThreadCheck:
-        run = partial(thread_safety.check, self._user.dataset, action.threads)
-        return run() if self._job is None else self._job.thread_check(run)
-
     def _switch_later(self, lane: Lane, stream: Stream) -> Lane | None:
-        """At the end of a trial: the next lane, already started on the indices after the
-        ones this lane took (it is drained first), or None to stay on this one."""
+        """At a trial's end: the next lane, started on the indices after this one's (drained
+        first), or None to stay."""
         proposal = self._decide(stream.taken)
         if proposal is None:
             return None
@@ -357,15 +361,13 @@ def autotune(
     stall comes back. ``allow_threads`` lets it fetch on threads inside workers (a thread-safe
     ``__getitem__`` is needed). ``.config`` is the settings in use, ``.report()`` what it tried.
 
-    ``rate``: the samples/s your loop will take at its fastest, when you know it (e.g. after
-    compilation): a configuration then counts as feeding the loop only if it also delivered
-    that rate (a loop slower than ``rate`` cannot show a loader faster than itself, so the
-    report says when that limited the answer). ``budget_s``: training seconds one round of
-    tuning may spend on trials; once spent, it settles on the best configuration so far.
+    ``rate``: the samples/s your loop will take at its fastest, if known (after compilation): a
+    configuration then feeds the loop only if it also delivered that rate (the report says
+    when a slower loop limited the answer). ``budget_s``: training seconds one round of tuning
+    may spend on trials; once spent, it settles on the best configuration so far.
 
-    ``loader`` may be webdataset's ``WebLoader``: its DataLoader is tuned and the stages after
-    it run on the tuned batches. ``state_dict``/``load_state_dict`` are those of a streaming
-    loader (litdata's, MosaicML's); ``set_epoch`` reaches a library dataset's own too.
+    ``loader`` may be webdataset's ``WebLoader`` (its DataLoader is tuned, its stages run after
+    it). ``state_dict``/``load_state_dict`` are a streaming loader's (litdata's, MosaicML's).
 
     In a distributed job (``torch.distributed`` initialized with several ranks when the loop
     first iterates), call it in every rank: the ranks meet at that first iteration (so every
@@ -373,6 +375,7 @@ def autotune(
     settings, switch together at the same batches on the figures of every rank, and keep
     their own shard's order; each decides within its share of the node, only rank 0 writes the
     cache. ``coordinate=False`` tunes this process alone (a loader only one rank iterates).
+    ``close()`` (or ``with``) ends the workers and the channel to the other ranks.
     """
     webloader = libraries.webloader_parts(loader)
     inner = loader if webloader is None else webloader[0]

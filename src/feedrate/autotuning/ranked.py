@@ -245,6 +245,10 @@ class Job:
             )
 
     def close(self) -> None:
+        """The channel closed (twice is once): a stop still being sent is given ``STOP_S``."""
+        if self._stopping is not None:
+            self._stopping[0].join(STOP_S)
+            self._stopping = None
         self.channel.close()
 
 

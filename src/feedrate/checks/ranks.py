@@ -62,11 +62,21 @@ def _ranks(ranks: list[RankFacts]) -> str:
     return f"rank {numbers[0]}" if len(numbers) == 1 else f"ranks {', '.join(numbers)}"
 
 
+def node_cpus(ranks: list[RankFacts], machine: dict[str, Any]) -> int | None:
+    """The node's usable CPUs: its ranks' affinity masks together where each sees fewer."""
+    own = machine.get("cpus_affinity") or machine.get("cpus_usable") or 0
+    union = len(set().union(*(r.cpu_ids or () for r in ranks)))
+    if not all(r.cpu_ids for r in ranks) or union <= own:  # not pinned apart: machine's
+        return machine.get("cpus_usable")
+    quota = machine.get("cpu_quota")
+    return max(1, union if quota is None else min(union, math.floor(quota)))
+
+
 def worker_oversubscription_finding(
     ranks: list[RankFacts], machine: dict[str, Any]
 ) -> Finding | None:
     """The worker processes of the node's ranks together are more than its usable CPUs."""
-    cpus = machine.get("cpus_usable")
+    cpus = node_cpus(ranks, machine)
     loading = [r for r in ranks if r.loads]
     workers = sum(r.num_workers for r in loading)
     if not cpus or not loading or workers <= cpus:
@@ -99,7 +109,7 @@ def thread_oversubscription_finding(
     ranks: list[RankFacts], machine: dict[str, Any]
 ) -> Finding | None:
     """The intra-op threads of the node's ranks together are more than its usable CPUs."""
-    cpus = machine.get("cpus_usable")
+    cpus = node_cpus(ranks, machine)
     threads = [r.torch_threads for r in ranks]
     if not cpus or sum(threads) <= cpus:
         return None
@@ -241,10 +251,7 @@ NODE_RULES: tuple[NodeRule, ...] = (
 )
 
 
-_FROM = (
-    "From `doctor` called in every rank of a distributed job (`torch.distributed` initialized "
-    "with 2 or more ranks), which gathers each rank's facts to every rank: "
-)
+_FROM = "From `doctor` in every rank of a distributed job, which gathers every rank's facts: "
 
 #: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
 DOCS = (
@@ -259,8 +266,9 @@ DOCS = (
         ),
         evidence=(
             _FROM + "the sum of the node's ranks' `num_workers` (and the threads each fetches "
-            "on, `feedrate.threaded`) against the node's usable CPUs (`feedrate env`); under "
-            "`dispatch_batches` only rank 0's loader counts."
+            "on, `feedrate.threaded`) against the node's usable CPUs: those the ranks' affinity "
+            "masks hold together (ranks pinned each to its own CPUs count all of them), within "
+            "the container's quota; under `dispatch_batches` only rank 0's loader counts."
         ),
         fix=(
             "`num_workers` = usable CPUs ÷ ranks per node (the message gives it), or let "
@@ -279,7 +287,7 @@ DOCS = (
         ),
         evidence=(
             _FROM + "each rank's `torch.get_num_threads()` and `OMP_NUM_THREADS`, summed over "
-            "the node's ranks, against its usable CPUs."
+            "the node's ranks, against its usable CPUs (as for node-worker-oversubscription)."
         ),
         fix=(
             "`OMP_NUM_THREADS` = usable CPUs ÷ ranks per node for every rank (torchrun sets 1 "

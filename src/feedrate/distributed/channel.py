@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from feedrate.distributed.group import Ranks, node_key, ranks_of
 from feedrate.errors import FeedrateError
+from feedrate.machine.facts import cpu_ids
 
 #: The key a failure document carries in place of an answer.
 FAILED = "feedrate_rank_failed"
@@ -56,8 +57,8 @@ class Channel:
     @classmethod
     def open(cls, what: str, timeout_s: float, join_s: float = JOIN_S) -> Channel:
         """Collective: every rank of the job opens it at the same point. The first contact
-        (which ranks share a node) waits ``join_s`` at most; every call after it waits
-        ``timeout_s`` at most. ``what`` names the work in errors ("feedrate.tune")."""
+        (which ranks share a node, and the CPUs each may run on) waits ``join_s`` at most;
+        every call after it ``timeout_s`` at most. ``what`` names the work in errors."""
         world, rank = dist.get_world_size(), dist.get_rank()
         unknown = Ranks(rank, world, 0, 1, 0, 1, (0,) * world)
         try:
@@ -65,8 +66,8 @@ class Channel:
         except RuntimeError as exc:
             raise Channel(unknown, None, join_s, what)._lost("reach every rank", exc) from exc
         first = cls(unknown, hello, join_s, what)
-        keys = first.all_gather(node_key())
-        ranks = ranks_of(rank, [str(k) for k in keys])
+        hellos = first.all_gather([node_key(), cpu_ids()])
+        ranks = ranks_of(rank, [str(k) for k, _ in hellos], [ids for _, ids in hellos])
         try:
             group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         except RuntimeError as exc:
@@ -75,11 +76,19 @@ class Channel:
             first.close()
         return cls(ranks, group, timeout_s, what)
 
+    @property
+    def group(self) -> Any:
+        """The group the channel's calls go over; ``RankError`` once it is closed (a group of
+        None would be the job's own)."""
+        if self._group is None:
+            raise RankError(f"rank {self.ranks.rank}'s channel for {self.what} is closed")
+        return self._group
+
     def broadcast(self, obj: Any = None) -> Any:
         """Rank 0's ``obj`` on every rank (the others' ``obj`` is ignored)."""
         box = [obj if self.ranks.main else None]
         try:
-            dist.broadcast_object_list(box, src=0, group=self._group)
+            dist.broadcast_object_list(box, src=0, group=self.group)
         except RuntimeError as exc:
             raise self._lost("hear from rank 0", exc) from exc
         return box[0]
@@ -88,7 +97,7 @@ class Channel:
         """Every rank's ``obj``, in rank order, on every rank."""
         out: list[Any] = [None] * self.ranks.world
         try:
-            dist.all_gather_object(out, obj, group=self._group)
+            dist.all_gather_object(out, obj, group=self.group)
         except RuntimeError as exc:
             raise self._lost("hear from every rank", exc) from exc
         return out
@@ -98,11 +107,13 @@ class Channel:
         return Gate(self)
 
     def close(self) -> None:
-        if self._group is None:
+        """Not collective; once is enough (a second call does nothing)."""
+        group, self._group = self._group, None
+        if group is None or not dist.is_initialized():
             return
         # The job's own group destroyed first takes ours with it: nothing left to close.
         with contextlib.suppress(RuntimeError, ValueError, AssertionError):
-            dist.destroy_process_group(self._group)
+            dist.destroy_process_group(group)
 
     def _lost(self, doing: str, exc: BaseException) -> RankError:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -132,6 +143,6 @@ class Gate:
         if self._work is not None:
             return
         try:
-            self._work = dist.barrier(group=self._channel._group, async_op=True)
+            self._work = dist.barrier(group=self._channel.group, async_op=True)
         except RuntimeError as exc:
             raise self._channel._lost("meet the other ranks", exc) from exc

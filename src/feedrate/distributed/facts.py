@@ -14,6 +14,7 @@ from feedrate.distributed.group import Ranks
 from feedrate.loader import libraries
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.loader.shards import distributed_sampler
+from feedrate.machine.facts import cpu_ids
 from feedrate.results.ranks import RankFacts
 
 #: torch's own samplers, which know nothing of ranks: every rank draws from the whole dataset.
@@ -51,6 +52,7 @@ def rank_facts(
         shm_in_flight_bytes=None if batch_bytes is None else batch_bytes * config.queue_depth,
         sampler=_sampler_name(base),
         dataset_len=None if is_iterable_style(base) else _length(base.dataset),
+        cpu_ids=cpu_ids(),
     )
 
 

@@ -24,7 +24,9 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 @dataclass(frozen=True)
 class Ranks:
     """This process among the job's ranks. ``node`` numbers the nodes 0..``nodes``-1, and
-    ``node_of[r]`` is rank ``r``'s; ``local_world`` ranks share this node."""
+    ``node_of[r]`` is rank ``r``'s; ``local_world`` ranks share this node. ``node_cpus``: the
+    CPUs this node's ranks may run on together (their affinity masks' union), None when a rank
+    could not read its own."""
 
     rank: int
     world: int
@@ -33,6 +35,7 @@ class Ranks:
     node: int
     nodes: int
     node_of: tuple[int, ...]
+    node_cpus: int | None = None
 
     @property
     def main(self) -> bool:
@@ -48,6 +51,7 @@ class Ranks:
             "local_world_size": self.local_world,
             "nodes": self.nodes,
             "node_of_rank": list(self.node_of),
+            "node_cpus": self.node_cpus,
         }
 
 
@@ -95,14 +99,16 @@ def node_key() -> str:
     return f"node{group_rank}" if group_rank is not None else socket.gethostname()
 
 
-def ranks_of(rank: int, keys: list[str]) -> Ranks:
-    """``Ranks`` from every rank's node key, nodes numbered in order of their first rank."""
+def ranks_of(rank: int, keys: list[str], cpus: list[list[int] | None] | None = None) -> Ranks:
+    """``Ranks`` from every rank's node key (and, in ``cpus``, its affinity mask), nodes
+    numbered in order of their first rank."""
     order: dict[str, int] = {}
     for k in keys:
         order.setdefault(k, len(order))
     node_of = tuple(order[k] for k in keys)
     mine = node_of[rank]
     local = [r for r, n in enumerate(node_of) if n == mine]
+    masks = [cpus[r] for r in local] if cpus is not None else [None]
     return Ranks(
         rank=rank,
         world=len(keys),
@@ -111,4 +117,5 @@ def ranks_of(rank: int, keys: list[str]) -> Ranks:
         node=mine,
         nodes=len(order),
         node_of=node_of,
+        node_cpus=len(set().union(*masks)) if all(masks) else None,
     )

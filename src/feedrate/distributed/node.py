@@ -1,29 +1,44 @@
 """Each rank's share of its node: the local ranks share its CPUs, memory (pinned memory
 included, which is taken from it), /dev/shm and open files, so a rank deciding for itself
-decides within ``1 / local_world`` of each."""
+decides within ``1 / local_world`` of each. Ranks pinned each to its own CPUs (``taskset``,
+``numactl``, a launcher's binding) already see only theirs: the node's CPUs are then those of
+all its ranks together (``Ranks.node_cpus``), and a rank's share is never more than its own."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from feedrate.machine.facts import MachineFacts
+from feedrate.machine.facts import MachineFacts, usable_cpus
 
 
 def _part(value: int | None, ranks: int) -> int | None:
     return None if value is None else value // ranks
 
 
-def share(facts: MachineFacts, local_world: int) -> MachineFacts:
-    """``facts`` as one of ``local_world`` ranks sees them: CPUs (at least one), memory,
-    /dev/shm and open files divided between the ranks of the node."""
+def share(facts: MachineFacts, local_world: int, node_cpus: int | None = None) -> MachineFacts:
+    """``facts`` (this rank's) as one of ``local_world`` ranks sees them: CPUs (at least one),
+    memory, /dev/shm and open files divided between the ranks of the node. ``node_cpus``: the
+    CPUs the node's ranks may run on together (default: this rank's), within the quota."""
     if local_world <= 1:
         return facts
+    pinned = node_cpus is not None and node_cpus > facts.cpus_affinity
+    node = usable_cpus(node_cpus or 0, facts.cpu_quota) if pinned else facts.cpus_usable
     return replace(
         facts,
-        cpus_usable=max(1, facts.cpus_usable // local_world),
+        cpus_usable=max(1, min(facts.cpus_usable, node // local_world)),
         memory_total_bytes=_part(facts.memory_total_bytes, local_world),
         memory_available_bytes=_part(facts.memory_available_bytes, local_world),
         memory_limit_bytes=_part(facts.memory_limit_bytes, local_world),
         shm_free_bytes=_part(facts.shm_free_bytes, local_world),
         open_files_soft=_part(facts.open_files_soft, local_world),
+    )
+
+
+def of_node(facts: MachineFacts, node_cpus: int | None) -> MachineFacts:
+    """``facts`` (this rank's) with the CPUs of its whole node: those its ranks may run on
+    together (``node_cpus``), within the quota; unchanged when that is not known."""
+    if node_cpus is None or node_cpus <= facts.cpus_affinity:
+        return facts
+    return replace(
+        facts, cpus_affinity=node_cpus, cpus_usable=usable_cpus(node_cpus, facts.cpu_quota)
     )

@@ -93,6 +93,13 @@ class MachineFacts:
         return cls(**kwargs)
 
 
+def cpu_ids() -> list[int] | None:
+    """The CPUs this process may run on (its affinity mask), None where it cannot be read: the
+    ranks of a node pinned each to its own CPUs share the node through these."""
+    ids = _safe(lambda: sorted(os.sched_getaffinity(0)))
+    return list(ids) if ids else None
+
+
 def usable_cpus(affinity: int, quota: float | None) -> int:
     """CPUs a pipeline can keep busy: the smaller of the affinity count and the cgroup quota.
 

@@ -43,6 +43,9 @@ class RankFacts:
     #: ``len(dataset)`` where a map-style dataset has one: ranks with different lengths are
     #: not reading the same data.
     dataset_len: int | None = None
+    #: The CPUs the rank may run on (its affinity mask), None when unread: a node's ranks
+    #: pinned each to its own CPUs have, together, the CPUs of all their masks.
+    cpu_ids: list[int] | None = None
 
     @property
     def loads(self) -> bool:

@@ -54,7 +54,7 @@ class TuneResult:
     baseline_restart_s: float = 0.0
     best_restart_s: float = 0.0
     #: Tuned over the ranks of a distributed job (every rank loading at once): the job's shape,
-    #: ``world_size``, ``local_world_size``, ``nodes`` and ``node_of_rank``; None in one process.
+    #: ``world_size``, ``local_world_size``, ``nodes``, ``node_of_rank``, ``node_cpus``; None alone.
     #: Rates above are then the slowest rank's, in that rank's share of its node.
     ranks: dict[str, Any] | None = None
     _source: Any = field(default=None, repr=False, compare=False)

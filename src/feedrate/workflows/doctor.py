@@ -1,19 +1,16 @@
 """``doctor``: what is wrong or risky in a DataLoader pipeline on this machine, with the evidence
 and the fix. ``tune_checks``: the same dataset and resource checks, run inside ``tune``.
 
-Orchestration only: what it looks for and the steps that gather the evidence are listed in
-``doctor_steps``, the experiments that run the pipeline are in ``measuring`` (the throughput
-comparison in ``doctor_trials``), the rules that judge their evidence in ``checks``, and the
-result is plain data (``results.doctor.Report``).
+Orchestration only: what it looks for and its steps are in ``doctor_steps``, the experiments
+that run the pipeline in ``measuring`` (the throughput comparison in ``doctor_trials``), the
+rules in ``checks``, the ranks' node step in ``doctor_node``; the result is plain data.
 
-The doctor does not search: it measures your settings and a few informative alternatives (no
-workers, one per usable CPU, twice as many when workers mostly wait), briefly, and only claims
-a better worker count when the gain beats the noise, measured again side by side. Every step is
-bounded in time; a step that fails becomes a ``check-failed`` finding and the others go on,
-except that after the pipeline itself failed (its exception, a killed worker, a hang) the
-steps that would run it again are skipped and the report says so. A run predicted to overflow
-/dev/shm (from one batch made in the main process) is not started; one that dies of it anyway
-is named ``shm-too-small``.
+The doctor does not search: it briefly measures your settings and a few alternatives (no
+workers, one per usable CPU, twice as many when workers wait), and claims a better count only
+when the gain beats the noise, measured again side by side. Every step is bounded in time; one
+that fails is a ``check-failed`` finding and the others go on, but once the pipeline itself
+failed the steps that would run it again are skipped, and the report says so. A run predicted
+to overflow /dev/shm is not started; one that dies of it anyway is named ``shm-too-small``.
 """
 
 from __future__ import annotations
@@ -59,7 +56,7 @@ from feedrate.results.evidence import Container
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
 from feedrate.units import size
-from feedrate.workflows.doctor_node import on_the_node
+from feedrate.workflows.doctor_node import node_step
 from feedrate.workflows.doctor_steps import (
     BRIEF_SECONDS,
     MEMORY_SECONDS,
@@ -113,11 +110,14 @@ def doctor(
         )
     wanted = wanted_checks(checks)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
-    doc = _Doctor(loaders.first, facts_for(machine), consumer, wanted, timeout_s, progress)
-    doc.compared.seconds, doc.loaders, doc.compared.source = trial_seconds, loaders, loaders.source
-    for name in STEPS:
-        doc.step(name)
-    return on_the_node(doc.report(target), loaders.first, wanted, trial_seconds + timeout_s)
+    facts = facts_for(machine)  # a bad fact fails here, before the other ranks are met
+    with node_step(wanted, trial_seconds + timeout_s) as judged:  # in a distributed job
+        doc = _Doctor(loaders.first, facts, consumer, wanted, timeout_s, progress)
+        doc.compared.seconds, doc.compared.source = trial_seconds, loaders.source
+        doc.loaders = loaders  # a factory's: a fresh loader for each run
+        for name in STEPS:
+            doc.step(name)
+        return judged(doc.report(target), loaders.first)
 
 
 def tune_checks(

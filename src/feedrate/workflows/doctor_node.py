@@ -1,18 +1,21 @@
 """The node's doctor: ``doctor`` called in every rank of a distributed job adds, to each rank's
 own findings, those that only exist with several ranks (``checks.ranks``).
 
-Each rank examines its own loader as in one process; then the ranks meet on a ``Channel``,
-gather every rank's facts (its loader's settings and threads, and what its doctor measured: a
-batch's bytes, its processes' memory), and every rank judges the same gathered facts, so every
-rank's report holds the same node findings. A rank whose facts fail sends the failure
-instead, and a rank that does not come (it does not call the doctor, or it died) fails the
-others' node step within the wait: either way a ``check-failed`` finding, never a hang. Outside
-a distributed job (or when no node finding is asked for) the report is returned untouched.
+The ranks first meet on a ``Channel`` (``meet``); each examines its own loader as in one
+process; then they gather every rank's facts (its loader's settings and threads, and what its
+doctor measured: a batch's bytes, its processes' memory), and every rank judges the same
+gathered facts, so every rank's report holds the same node findings. A rank whose facts fail
+sends the failure instead; a rank that does not come (it does not call the doctor) fails the
+others within ``JOIN_S``, and one that dies after meeting fails them at once (its
+connections close): either way a ``check-failed`` finding, never a hang. Outside a distributed
+job (or when no node finding is asked for) the report is returned untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -37,22 +40,52 @@ NODE_STEP = "node's checks (every rank's facts, gathered)"
 #: Seconds the gathering waits once every rank has come (the facts are read, not measured).
 GATHER_S = 60.0
 #: How many of a doctor's longest steps (a trial and a timeout) one rank may finish after
-#: another: the ranks examine their loaders at their own pace, then wait for each other.
+#: another: the ranks meet, examine their loaders at their own pace, then wait for each other.
 SKEW_STEPS = 20
 
 
-def on_the_node(report: Report, loader: DataLoader[Any], wanted: set[str], step_s: float) -> Report:
+@contextlib.contextmanager
+def node_step(wanted: set[str], step_s: float) -> Iterator[Callable[[Report, Any], Report]]:
+    """The ranks met (``meet``) around a rank's own checks; what it yields judges the report
+    on the node (``on_the_node``). Should the checks raise (Ctrl-C, a bug), the channel is
+    closed: the others learn it at once."""
+    met = meet(wanted, step_s)
+    try:
+        yield lambda report, loader: on_the_node(report, loader, wanted, met)
+    except BaseException:
+        if isinstance(met, Channel):
+            met.close()
+        raise
+
+
+def meet(wanted: set[str], step_s: float) -> Channel | RankError | None:
+    """Collective in a distributed job, before any rank examines its loader: the ranks' channel
+    for the node step, or why they did not all come (a rank that does not call the doctor
+    fails the others within ``JOIN_S``, not at the end of their examination). None outside a
+    job or when no node finding is wanted. Once met, a rank waits for the last to finish its
+    own checks at most ``SKEW_STEPS`` × ``step_s`` + ``GATHER_S`` (s); a rank that dies
+    meanwhile closes its connections, which fails the others' wait at once."""
+    if not group.active() or not wanted & NODE_CHECKS:
+        return None
+    try:
+        return Channel.open("feedrate.doctor", GATHER_S + SKEW_STEPS * step_s, join_s=JOIN_S)
+    except RankError as exc:
+        return exc
+
+
+def on_the_node(
+    report: Report, loader: DataLoader[Any], wanted: set[str], met: Channel | RankError | None
+) -> Report:
     """``report`` (this rank's doctor's, of ``loader``) with the node's findings among its
     ``wanted`` ones, a ``node`` check, and ``ranks`` (the job's shape and each rank's facts).
-    Collective in a distributed job: every rank calls it after its own checks; the first rank
-    waits for the last at most ``SKEW_STEPS`` × ``step_s`` (s) beyond ``JOIN_S``."""
-    if not group.active() or not wanted & NODE_CHECKS:
+    ``met``: what ``meet`` gave before the checks; collective (every rank calls it after its
+    own checks) when that is a channel, which it closes."""
+    if met is None:
         return report
     began = time.monotonic()
-    try:
-        channel = Channel.open("feedrate.doctor", GATHER_S, join_s=JOIN_S + SKEW_STEPS * step_s)
-    except RankError as exc:
-        return _failed(report, str(exc), began)
+    if isinstance(met, RankError):
+        return _failed(report, str(met), began)
+    channel = met
     try:
         docs = channel.all_gather(_mine(report, loader, channel))
     except RankError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from feedrate.distributed.node import share
+from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
 from feedrate.loader.batches import epoch_length, thread_cap
 from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of, supports
@@ -98,7 +98,10 @@ def tune(
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     node_facts = machine or collect()
-    facts = node_facts if channel is None else share(node_facts, channel.ranks.local_world)
+    facts = node_facts
+    if channel is not None:
+        facts = share(node_facts, channel.ranks.local_world, channel.ranks.node_cpus)
+        node_facts = of_node(node_facts, channel.ranks.node_cpus)
     space = space_for(
         facts,
         config_of(loader),
