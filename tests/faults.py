@@ -64,20 +64,22 @@ def write_target(tmp_path: Path, body: str, name: str = "pipe.py") -> Path:
     return path
 
 
+def default_signals() -> None:
+    """For a child process (``preexec_fn``): SIGINT and SIGTERM as a terminal delivers them,
+    whatever this run inherited (a test run started with ``&`` passes SIGINT on ignored, and
+    Python then installs no handler of its own)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start_cli(*args: str) -> subprocess.Popen[str]:
-    """``feedrate ARGS`` in its own process, with Python's own signal handling (a test run
-    started with ``&`` would pass SIGINT on ignored)."""
-
-    def defaults() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
+    """``feedrate ARGS`` in its own process, with Python's own signal handling."""
     return subprocess.Popen(
         [sys.executable, "-m", "feedrate", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=defaults,
+        preexec_fn=default_signals,
     )
 
 

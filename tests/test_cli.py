@@ -16,7 +16,7 @@ import pytest
 
 from feedrate.cli import main
 
-from faults import wait_for_children, write_target
+from faults import default_signals, wait_for_children, write_target
 
 TESTS = Path(__file__).parent
 EXAMPLES = TESTS.parent / "examples"
@@ -148,7 +148,7 @@ def test_ctrl_c_leaves_no_worker_alive(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=default_sigint,  # a run started with `&` passes SIGINT on ignored
+        preexec_fn=default_signals,  # a run started with `&` passes SIGINT on ignored
     )
     try:
         workers = wait_for_children(proc.pid, 3, timeout_s=60)
@@ -216,14 +216,10 @@ def test_ctrl_c_during_an_import_is_an_interruption_not_a_traceback(
         capture_output=True,
         text=True,
         timeout=120,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
     assert proc.returncode == 130, proc.stderr
     assert "feedrate: interrupted" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _running(p: psutil.Process) -> bool:

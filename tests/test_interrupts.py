@@ -16,6 +16,8 @@ import pytest
 
 from feedrate.measuring import interrupts
 
+from faults import default_signals
+
 
 @pytest.fixture(autouse=True)
 def python_sigint() -> Iterator[None]:
@@ -24,11 +26,6 @@ def python_sigint() -> Iterator[None]:
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
-
-
-def default_sigint() -> None:
-    """For a child process: SIGINT as a terminal delivers it, whatever this run inherited."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _swallowed_interrupt() -> None:
@@ -108,7 +105,7 @@ def test_measure_stops_when_ctrl_c_lands_while_a_worker_is_forked(tmp_path: Path
         text=True,
         env=env,
         timeout=120,
-        preexec_fn=default_sigint,
+        preexec_fn=default_signals,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "interrupted after" in done.stdout and "left 0" in done.stdout

@@ -32,6 +32,7 @@ from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.spread import Spread
 from feedrate.search.ranks import slowest
 
+from faults import default_signals
 from pipelines import SleepDataset, TinyDataset, UnshardedStream
 
 TESTS = Path(__file__).resolve().parent
@@ -312,6 +313,7 @@ def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # its own group, as a terminal's foreground job is
+        preexec_fn=default_signals,  # and Ctrl-C not ignored, even in a run started with `&`
     )
     assert p.stdout is not None
     seen = []
