@@ -39,7 +39,7 @@ from feedrate.autotuning.ranked import Job, local_ranks
 from feedrate.autotuning.start import Start, check_arguments, save, starting_point, tuner_for
 from feedrate.distributed import group
 from feedrate.distributed.channel import RankError
-from feedrate.distributed.node import share
+from feedrate.distributed.node import pinned_apart, share
 from feedrate.errors import UserError
 from feedrate.loader import libraries
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
@@ -166,7 +166,7 @@ class AutoLoader(delegation.Surface):
         weakref.finalize(self, job.close)  # a loader dropped unclosed closes its channel
         if not self._tuner.counted:
             start, ranks = self._start, job.channel.ranks
-            pinned = (ranks.node_cpus or 0) > self._facts.cpus_affinity  # each sees its own
+            pinned = pinned_apart(self._facts, ranks.node_cpus)
             if job.main and (ranks.local_world != self._local_ranks or pinned):
                 try:  # the launcher did not say how many ranks share the node, or what CPUs
                     start = self._starting(ranks.local_world, ranks.node_cpus)

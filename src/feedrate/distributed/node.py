@@ -21,8 +21,7 @@ def share(facts: MachineFacts, local_world: int, node_cpus: int | None = None) -
     CPUs the node's ranks may run on together (default: this rank's), within the quota."""
     if local_world <= 1:
         return facts
-    pinned = node_cpus is not None and node_cpus > facts.cpus_affinity
-    node = usable_cpus(node_cpus or 0, facts.cpu_quota) if pinned else facts.cpus_usable
+    node = of_node(facts, node_cpus).cpus_usable
     return replace(
         facts,
         cpus_usable=max(1, min(facts.cpus_usable, node // local_world)),
@@ -36,9 +35,15 @@ def share(facts: MachineFacts, local_world: int, node_cpus: int | None = None) -
 
 def of_node(facts: MachineFacts, node_cpus: int | None) -> MachineFacts:
     """``facts`` (this rank's) with the CPUs of its whole node: those its ranks may run on
-    together (``node_cpus``), within the quota; unchanged when that is not known."""
-    if node_cpus is None or node_cpus <= facts.cpus_affinity:
+    together (``node_cpus``), within the quota; unchanged unless they are pinned apart."""
+    if node_cpus is None or not pinned_apart(facts, node_cpus):
         return facts
     return replace(
         facts, cpus_affinity=node_cpus, cpus_usable=usable_cpus(node_cpus, facts.cpu_quota)
     )
+
+
+def pinned_apart(facts: MachineFacts, node_cpus: int | None) -> bool:
+    """The node's ranks may run on more CPUs together (``node_cpus``) than this rank may
+    (``facts``): each is pinned to its own."""
+    return node_cpus is not None and node_cpus > facts.cpus_affinity

@@ -96,8 +96,7 @@ class MachineFacts:
 def cpu_ids() -> list[int] | None:
     """The CPUs this process may run on (its affinity mask), None where it cannot be read: the
     ranks of a node pinned each to its own CPUs share the node through these."""
-    ids = _safe(lambda: sorted(os.sched_getaffinity(0)))
-    return list(ids) if ids else None
+    return _safe(lambda: sorted(os.sched_getaffinity(0))) or None
 
 
 def usable_cpus(affinity: int, quota: float | None) -> int:
@@ -148,7 +147,7 @@ def collect(
     The paths are injectable so tests can point at fake cgroup trees.
     """
     cpu_count = os.cpu_count()
-    affinity = _safe(lambda: len(os.sched_getaffinity(0))) or cpu_count or 1
+    affinity = len(cpu_ids() or ()) or cpu_count or 1
     quota = _safe(lambda: cgroup_cpu_quota(cgroup_root, proc_self_cgroup))
     memory = _safe(psutil.virtual_memory)
     shm = _safe(lambda: shutil.disk_usage(shm_path))
