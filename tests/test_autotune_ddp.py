@@ -18,8 +18,11 @@ from typing import Any
 
 import psutil
 import pytest
-from torch.utils.data import DistributedSampler
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
 
+import feedrate
+from feedrate.autotuning import loader as autoloader
 from feedrate.autotuning.lanes import Feed, Stream
 from feedrate.autotuning.ranked import Job
 from feedrate.autotuning.start import Start
@@ -209,6 +212,52 @@ def test_a_closed_channel_refuses_calls_rather_than_use_the_job_s_group() -> Non
     channel.close()
     with pytest.raises(RankError, match=r"rank 0.s channel for feedrate\.autotune is closed"):
         channel.all_gather({"stall": 0.1})
+
+
+def test_a_failed_hello_closes_the_first_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[object] = []
+    destroyed: list[object] = []
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "new_group", lambda **kw: made.append(object()) or made[-1])
+    monkeypatch.setattr(dist, "destroy_process_group", destroyed.append)
+
+    def lost(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "all_gather_object", lost)
+    with pytest.raises(RankError, match="rank 0 could not hear from every rank"):
+        Channel.open("feedrate.autotune", 5.0, join_s=1.0)
+    assert len(made) == 1 and destroyed == made  # the hello's group, and no other left open
+
+
+class ClosingChannel(FakeChannel):
+    def __init__(self, others: list[Any]) -> None:
+        super().__init__(others)
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_loader_whose_ranks_fail_to_meet_closes_its_channel_and_meets_anew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    opened: list[ClosingChannel] = []
+
+    def open_job() -> Job:
+        opened.append(ClosingChannel([failure(1, MemoryError("out of memory"))]))
+        return Job(opened[-1])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(autoloader.group, "active", lambda: True)
+    monkeypatch.setattr(autoloader.Job, "open", staticmethod(open_job))
+    auto = feedrate.autotune(DataLoader(SleepDataset(16, sleep_s=0.0), batch_size=4), cache=False)
+    for _ in range(2):
+        with pytest.raises(RankError, match="rank 1 failed: MemoryError: out of memory"):
+            next(iter(auto))
+        assert auto._job is None and opened[-1].closed == 1
+    assert len(opened) == 2  # the second iteration met the ranks again, on a channel of its own
 
 
 def test_a_rank_s_failure_reaches_the_others_naming_it() -> None:

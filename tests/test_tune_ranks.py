@@ -208,6 +208,34 @@ def test_nproc_per_node_tunes_the_node_and_only_rank_zero_speaks(tmp_path: Path)
     assert not _left_behind(str(tmp_path))
 
 
+def test_nproc_per_node_measures_every_rank_at_once_and_rank_zero_speaks(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    out = tmp_path / "out.json"
+    run = [sys.executable, "-m", "feedrate", "measure", "job.py:loader", "--nproc-per-node", "2"]
+    run += ["--shard", "-w", "2", "--seconds", "1", "--json", str(out)]
+    done = subprocess.run(
+        run, capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert said.count("steady state") == 1 and "2 ranks loading at once" in said  # rank 0's
+    doc = json.loads(out.read_text())
+    assert len(doc["rank_rates"]) == 2 and doc["config"]["num_workers"] == 2
+    assert doc["samples_per_s"] <= max(doc["rank_rates"]) * 1.001  # the slowest's (or pooled)
+    failed = subprocess.run(
+        [*run[:4], "job.py:failing", *run[5:]],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    said = failed.stdout + failed.stderr
+    assert failed.returncode == 3, said[-3000:]
+    assert "rank 1 failed" in said and "rank one's storage is gone" in said
+    assert not _left_behind(str(tmp_path))
+
+
 def test_every_rank_reading_every_sample_is_named(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
     out = tmp_path / "out.json"

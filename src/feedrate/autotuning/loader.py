@@ -131,6 +131,8 @@ class AutoLoader(delegation.Surface):
             if self._job is not None and not isinstance(exc, RankError):
                 where = f"at batch {self._tuner.batch} of epoch {self._tuner.epoch}"
                 self._job.stop(where, exc)  # the other ranks must not wait for this one
+            if not self._joined:
+                self.close()  # it failed while meeting: its channel goes, the next try meets anew
             raise
 
     # --- where it starts, alone or with the other ranks ------------------------------------------
@@ -240,9 +242,8 @@ class AutoLoader(delegation.Surface):
         self._epoch_end()
 
     def _start_lane(self, stream: Stream | None) -> Lane:
-        cfg = self._tuner.config
-        lane, fresh = self._lane, self._lane is None or self._lane.config != cfg
-        if lane is None or fresh:
+        cfg, lane = self._tuner.config, self._lane
+        if fresh := lane is None or lane.config != cfg:
             if lane is not None:
                 lane.close()
             seed = self._seed if self._split else None
@@ -299,8 +300,7 @@ class AutoLoader(delegation.Surface):
         return action.config, action.why
 
     def _switch_later(self, lane: Lane, stream: Stream) -> Lane | None:
-        """At a trial's end: the next lane, started on the indices after this one's (drained
-        first), or None to stay."""
+        """At a trial's end: the next lane (on the indices after this one's, drained first)."""
         proposal = self._decide(stream.taken)
         if proposal is None:
             return None

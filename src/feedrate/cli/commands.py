@@ -105,6 +105,7 @@ def env(json_path: Path | None) -> None:
     "--json", "json_path", "Also write the measurement as JSON (schema feedrate.measure/1)."
 )
 @device_option
+@rank_options(shard=True)
 def measure(
     target: str,
     num_workers: int | None,
@@ -117,13 +118,15 @@ def measure(
     timeout_s: float,
     json_path: Path | None,
     device: str,
+    shard: bool,
 ) -> None:
     """Measure one configuration of TARGET's DataLoader: start-up, steady-state samples/s with
-    its spread, CPU and memory of every process."""
+    its spread, CPU and memory of every process. Under torchrun (or with --nproc-per-node),
+    every rank measures it at once on its shard, and the figures are the slowest rank's."""
     from feedrate.loader.config import LoaderConfig
     from feedrate.loader.rebuild import config_of, loader_of
-    from feedrate.measuring.measure import measure as run_measure
     from feedrate.render import console as render
+    from feedrate.workflows.measure_node import measure_job
 
     if persistent_workers and num_workers == 0:
         raise UserError("--persistent-workers needs workers (-w 1 or more)")
@@ -140,9 +143,10 @@ def measure(
         else persistent_workers,
     ).normalized()
     with err.status(f"measuring {target} ({config.label()}) …", spinner="dots"):
-        result = run_measure(
+        result = measure_job(
             loader,
             config,
+            shard=shard,
             batches=batches,
             seconds=seconds,
             windows_count=windows_count,

@@ -1,4 +1,4 @@
-"""``--nproc-per-node N`` and running under torchrun, for ``tune`` and ``doctor``.
+"""``--nproc-per-node N`` and running under torchrun, for ``measure``, ``tune`` and ``doctor``.
 
 Under a launcher (torchrun, or ``--nproc-per-node``, which starts the ranks itself through
 ``distributed.launch``), each rank joins the job's process group (gloo) and runs the command;
@@ -66,7 +66,7 @@ def rank_options(*, shard: bool) -> Callable[[F], F]:
         opts = click.option(
             "--nproc-per-node",
             type=click.IntRange(min=1),
-            help="Tune for N ranks per node: start N rank processes on this machine, each on "
+            help="Run as N ranks per node: start N rank processes on this machine, each on "
             "its shard, all loading at once (no torchrun needed). Under torchrun, leave it out.",
         )(command)
         if shard:

@@ -66,9 +66,9 @@ class Channel:
         except RuntimeError as exc:
             raise Channel(unknown, None, join_s, what)._lost("reach every rank", exc) from exc
         first = cls(unknown, hello, join_s, what)
-        hellos = first.all_gather([node_key(), cpu_ids()])
-        ranks = ranks_of(rank, [str(k) for k, _ in hellos], [ids for _, ids in hellos])
-        try:
+        try:  # the first group is closed whatever happens (a failed hello included)
+            hellos = first.all_gather([node_key(), cpu_ids()])
+            ranks = ranks_of(rank, [str(k) for k, _ in hellos], [ids for _, ids in hellos])
             group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         except RuntimeError as exc:
             raise first._lost("open its channel", exc) from exc

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from feedrate.render.ranks import ranks_rows
+from feedrate.render.ranks import measured_ranks_rows, ranks_rows
 from feedrate.render.text import plus_minus, rate, size
 from feedrate.results.doctor import Report
 from feedrate.results.findings import Finding, by_severity
@@ -130,6 +130,7 @@ def measurement_summary(m: Measurement) -> Table:
         ),
         ("/dev/shm peak", size(m.processes.shm_peak_bytes) + " above its level at start"),
     ]
+    rows += measured_ranks_rows(m)
     if m.transfer:
         t = m.transfer
         rows.append(

@@ -1,9 +1,10 @@
-"""What a tune over the ranks of a distributed job adds to the answer: the job's rate, each
-node's, and what the per-rank figures mean."""
+"""What a tune or a measurement over the ranks of a distributed job adds to the answer: the
+job's rate, each node's, and what the per-rank figures mean."""
 
 from __future__ import annotations
 
 from feedrate.render.text import rate
+from feedrate.results.measurement import Measurement
 from feedrate.results.tune import TuneResult
 
 
@@ -30,3 +31,18 @@ def ranks_rows(result: TuneResult) -> list[tuple[str, str]]:
         for n, r in enumerate(result.node_rates()):
             rows.append((f"node {n}", f"{rate(r)} samples/s"))
     return rows
+
+
+def measured_ranks_rows(m: Measurement) -> list[tuple[str, str]]:
+    """Rows for a measurement's summary; none outside a distributed job."""
+    if not m.rank_rates or len(m.rank_rates) < 2:
+        return []
+    n, each = len(m.rank_rates), ", ".join(rate(r) for r in m.rank_rates)
+    return [
+        (
+            "ranks",
+            f"{n} ranks loading at once, each on its shard ({each} samples/s); the job: "
+            f"{rate(n * m.samples_per_s)} samples/s (the slowest rank's × {n}: training steps "
+            "in lockstep)",
+        )
+    ]
