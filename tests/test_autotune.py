@@ -104,11 +104,12 @@ def test_loader_surface_and_set_epoch() -> None:
 
 
 def test_settles_on_a_configuration_that_feeds_the_loop() -> None:
-    # 2 ms per sample, 8 a batch; a 40 ms step: 2 workers make 125 batches/s, far more than the
-    # 25 the loop takes. The tuner starts at one worker per CPU and goes down while still fed.
+    # 2 ms per sample, 8 a batch; a 50 ms step: 2 workers make 125 batches/s, far more than the
+    # 20 the loop takes. The tuner starts at one worker per CPU and goes down while still fed.
+    # (On a busy machine the loop's own time queued for a CPU is no data stall: runqueue.)
     loader = DataLoader(SleepDataset(400, sleep_s=0.002), batch_size=8)
     with feedrate.autotune(loader, cache=False) as auto:
-        epochs(auto, 2, step_s=0.04)
+        epochs(auto, 2, step_s=0.05)
         report = auto.report()
         assert report.settled
         assert auto.config.num_workers <= report.trials[0].config.num_workers
@@ -196,6 +197,36 @@ def test_no_time_between_two_batches_goes_uncounted(monkeypatch: pytest.MonkeyPa
             clock.t += 0.01
     assert len(seen) == 8
     for (_, _, before), (wait, step, now) in itertools.pairwise(seen):
+        assert before + wait + step == pytest.approx(now)
+
+
+def test_a_wait_spent_queued_for_a_cpu_is_the_loops_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The loop's thread queued for a CPU for half of every wait: that half is the loop's step
+    # (no worker count would shorten it), and no second between batches goes uncounted.
+    seen: list[tuple[float, float, float]] = []
+    real = AutoLoader._observe
+
+    def observe(self: AutoLoader, lane: Lane, batch: Any, wait: float, step: float, now: float):  # type: ignore[no-untyped-def]
+        seen.append((wait, step, now))
+        real(self, lane, batch, wait, step, now)
+
+    monkeypatch.setattr(AutoLoader, "_observe", observe)
+    clock = FakeClock(0.001)
+    loader = DataLoader(TinyDataset(64), batch_size=8)
+    with AutoLoader(
+        loader,
+        max_workers=0,
+        allow_threads=False,
+        use_cache=False,
+        machine=None,
+        clock=clock,
+        queued=lambda: clock.t / 2,
+    ) as auto:
+        for _ in auto:
+            clock.t += 0.01
+    assert len(seen) == 8
+    for (_, _, before), (wait, step, now) in itertools.pairwise(seen):
+        assert wait == pytest.approx(0.0005)  # one tick of 1 ms waited, half of it queued
         assert before + wait + step == pytest.approx(now)
 
 

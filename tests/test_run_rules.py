@@ -47,6 +47,19 @@ def test_a_watch_splits_wait_from_step_and_counts_start_up_and_restarts() -> Non
     assert sum(w.batches for w in run.timeline) == 3
 
 
+def test_a_watch_counts_the_wait_queued_for_a_cpu_as_the_loops_step() -> None:
+    watch = Watch(_loader(), "train.py:3", "__main__", origin=0.0)
+    batch = [torch.zeros(4)]
+    watch.new_epoch(10.0)
+    watch.took(batch, 10.0, 10.5, cpu=0.1)  # start-up: all of it counted as such
+    watch.took(batch, 10.7, 10.8, cpu=0.0, queued=0.06)  # 0.1 s waited, 0.06 s of it queued
+    watch.took(batch, 11.0, 11.1, cpu=0.0, queued=0.5)  # never more than the wait itself
+    run = watch.result(pid=1, rank=None)
+    assert run.startup_s == 0.5
+    assert abs(run.wait_s - (0.5 + 0.04 + 0.0)) < 1e-9
+    assert abs(run.step_s - (0.2 + 0.06 + 0.2 + 0.1)) < 1e-9
+
+
 def test_the_observer_finds_the_users_line_and_skips_feedrates_own_loaders() -> None:
     class Mine(DataLoader[Any]):
         def __init__(self, dataset: Any, **kwargs: Any) -> None:

@@ -650,6 +650,23 @@ def test_consumer_time_splits_window_into_work_and_stall() -> None:
     assert summarize(t.windows).samples_per_s == 4 / 0.5
 
 
+def test_a_wait_the_loop_spent_queued_for_a_cpu_is_no_stall() -> None:
+    # Each batch takes 0.125 s to come, of which the loop's thread sat 0.1 s in the run queue
+    # (a busy machine): only 0.025 s of it was waiting for data.
+    clock, loader = scripted(0.125)
+
+    def consume(batch: int, samples: int) -> None:
+        clock.advance(0.375)
+
+    def queued() -> float:  # 0.1 s of every 0.125 s spent loading, none of the step's
+        return 0.1 * (clock.now // 0.5) + min(clock.now % 0.5, 0.1)
+
+    plan = WindowPlan(windows=2, batches=8)
+    t = run(loader, plan, int, clock=clock, consume=consume, queued=queued)
+    assert stall_fraction(t.windows) == pytest.approx(0.025 / 0.5)
+    assert summarize(t.windows).samples_per_s == 4 / 0.5  # the rate is the clock's alone
+
+
 def test_without_consumer_every_interval_is_wait() -> None:
     clock, loader = scripted(0.25)
     t = run(loader, WindowPlan(windows=1, batches=4), int, clock=clock)

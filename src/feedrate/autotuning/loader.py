@@ -2,10 +2,10 @@
 
 The training loop is the consumer: the time between two of its ``next()`` calls is its step,
 the time ``next()`` waits is the data stall. ``AutoLoader`` tries configurations on stretches
-of the epoch, keeps the cheapest that removes the stall, then only watches (two clock readings
-a batch), and tunes again from where it is when the stall comes back. The decisions are
-``search.tuner``'s (pure, fed the clock readings); this module runs the lanes, reads the clock
-and probes the processes.
+of the epoch, keeps the cheapest that removes the stall, then only watches (two readings of the
+clock and the loop's run-queue time a batch), and tunes again when the stall comes back. The
+decisions are ``search.tuner``'s (pure, fed the clock readings); this module runs the lanes,
+reads the clock and probes the processes.
 
 Correctness first, for a map-style dataset with automatic batching: autotune owns the epoch's
 index stream. At each epoch it iterates the user's batch sampler once, as DataLoader would,
@@ -47,6 +47,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import thread_safety
+from feedrate.measuring.runqueue import Marks, Queued, wait_and_step
 from feedrate.results.autotune import AutotuneReport
 from feedrate.search.space import Proposal
 from feedrate.search.tuner import BUDGET_S, Action, CheckThreads, OnlineTuner, Settle
@@ -55,7 +56,8 @@ from feedrate.search.tuner import BUDGET_S, Action, CheckThreads, OnlineTuner, S
 class AutoLoader(delegation.Surface):
     """Iterate it as the DataLoader it wraps (see ``autotune``). It runs the lanes, reads the
     ``clock`` (s) around each ``next()``, watches the processes of each trial with a probe, and
-    hands what it saw to the ``OnlineTuner``, which decides. ``coordinate``: in a distributed
+    hands what it saw to the ``OnlineTuner``, which decides (the wait without the loop's
+    run-queue time, ``queued``: ``measuring.runqueue``). ``coordinate``: in a distributed
     job, tune with the other ranks (None: when ``torch.distributed`` runs more than one rank
     at the first iteration; False: this process alone)."""
 
@@ -70,10 +72,10 @@ class AutoLoader(delegation.Surface):
         rate: float | None = None,
         budget_s: float = BUDGET_S,
         clock: Callable[[], float] = time.perf_counter,
+        queued: Queued | None = None,
         coordinate: bool | None = None,
     ) -> None:
-        self._user = loader
-        self._clock = clock
+        self._user, self._clock, self._mark = loader, clock, Marks(clock, queued)
         self._split = not is_iterable_style(loader) and loader.batch_sampler is not None
         self._count = sample_counter(loader)
         self._machine, self._rate, self._budget_s = machine, rate, budget_s
@@ -85,8 +87,7 @@ class AutoLoader(delegation.Surface):
         self._tuner = self._tuner_of(self._starting(local_ranks()), counted=False)
         self._lane: Lane | None = None
         self._next: Lane | None = None  # started on the indices after the lane draining
-        self._probe = TrialProbe()
-        self._seed = 0
+        self._probe, self._seed = TrialProbe(), 0
         #: A WebLoader's stages after its DataLoader, run on the tuned epochs (see autotune).
         self._pipeline: Callable[[], Iterator[Any]] | None = None
         self._resume: dict[str, Any] | None = None  # a state for the next lane (load_state_dict)
@@ -200,7 +201,7 @@ class AutoLoader(delegation.Surface):
         stream = Stream(sampler_it, epoch_length(self._user))
         self._tuner.new_epoch(stream.length)
         lane = self._start_lane(stream)
-        began = self._clock()
+        began = self._mark()
         while True:
             try:
                 batch = next(lane.it)
@@ -208,36 +209,36 @@ class AutoLoader(delegation.Surface):
                 if self._next is None:
                     break  # the epoch is done
                 lane = self._take_next(lane)
-                began = self._clock()
+                began = self._mark()
                 continue
-            got = self._clock()
+            got = self._mark()
             yield batch
-            back = self._clock()
-            self._observe(lane, batch, got - began, back - got, back)
+            back = self._mark()
+            self._observe(lane, batch, *wait_and_step(began, got, back), back[0])
             began = back  # this loader's own work until the next batch: the loop waits for it
             if (
                 self._next is None
                 and lane.feed is not None
                 and (self._job is not None or stream.left())  # ranks: decided on batch counts
-                and self._tuner.trial_done(back)
+                and self._tuner.trial_done(back[0])
             ):
                 self._next = self._switch_later(lane, stream)
-                began = self._clock()  # a switch is no trial's
+                began = self._mark()  # a switch is no trial's
         self._epoch_end()
 
     def _whole_epoch(self) -> Iterator[Any]:
         self._tuner.new_epoch(None)
         lane = self._start_lane(None)
-        began = self._clock()
+        began = self._mark()
         while True:
             try:
                 batch = next(lane.it)
             except StopIteration:
                 break
-            got = self._clock()
+            got = self._mark()
             yield batch
-            back = self._clock()
-            self._observe(lane, batch, got - began, back - got, back)
+            back = self._mark()
+            self._observe(lane, batch, *wait_and_step(began, got, back), back[0])
             began = back
         self._epoch_end()
 

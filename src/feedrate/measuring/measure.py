@@ -28,7 +28,7 @@ from feedrate.loader.rebuild import (
 )
 from feedrate.loader.threaded import unthreaded
 from feedrate.machine.facts import MachineFacts, collect
-from feedrate.measuring import interrupts, rates, windows
+from feedrate.measuring import interrupts, rates, runqueue, windows
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import DeviceStep, parse_device
 from feedrate.measuring.diagnosis import explain
@@ -214,6 +214,7 @@ def _run(
                 epoch_length=epoch_length(loader),
                 consume=consumer,
                 length_hint=length_hint(loader),
+                queued=runqueue.beside(clock),  # the loop's run-queue time is no data stall
             )
         except windows.EmptyLoaderError as exc:
             raise PipelineError(why_empty(loader)) from exc

@@ -36,6 +36,8 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from feedrate.measuring import runqueue
+from feedrate.measuring.runqueue import Queued
 from feedrate.measuring.timing import (
     DEADLINE_FACTOR,
     DEFAULT_SECONDS,
@@ -78,6 +80,7 @@ def run(
     epoch_length: int | None = None,
     consume: Callable[[Any, int], object] | None = None,
     length_hint: int | None = None,
+    queued: Queued = runqueue.never,
 ) -> Timeline:
     """Measure ``make_iter()``'s batches according to ``plan``. Raises ``EmptyLoaderError`` if an
     epoch yields nothing; exceptions from the iterator propagate unchanged.
@@ -88,12 +91,15 @@ def run(
 
     With ``consume`` (called as ``consume(batch, samples)`` after each batch, like a training
     step), each window also records ``wait_s``: the time spent waiting for batches, the data
-    stall. ``length_hint`` (an IterableDataset's ``__len__`` in batches, which it may not keep)
-    only decides, until an epoch has ended, whether epochs are too short for windows.
+    stall, less what the loop spent queued for a CPU (``queued``: its thread's cumulative
+    run-queue seconds, see ``runqueue``). ``length_hint`` (an IterableDataset's ``__len__`` in
+    batches, which it may not keep) only decides, until an epoch has ended, whether epochs are
+    too short for windows.
     """
     runner = _Runner(
         plan, count_samples, clock, hooks or Hooks(), epoch_length, consume, length_hint
     )
+    runner.queued = queued
     timeline = runner.timeline
     while not runner.done() and timeline.epochs < plan.max_epochs and not runner.out_of_time():
         runner.epoch(make_iter)
@@ -119,6 +125,8 @@ class _Runner:
         self.epoch_length, self.consume = epoch_length, consume
         self.length_hint = length_hint  # batches an epoch says it has (not kept to)
         self._asked = 0.0
+        self.queued: Queued = runqueue.never
+        self._asked_queued = 0.0  # the loop's run-queue seconds when it asked
         self.timeline = Timeline()
         self.open: Window | None = None
         self._epoch_batches = 0
@@ -181,6 +189,7 @@ class _Runner:
         self._t0 = t_call if self._t0 is None else self._t0
         iterator: Iterator[Any] = iter(make_iter())
         self._asked, self._lead_s = t_call, None
+        self._asked_queued = self.queued()
         if whole:
             # Opened once the epoch's workers exist (so the hook can read them), timed from the
             # call: a whole epoch includes its start-up.
@@ -209,6 +218,7 @@ class _Runner:
         samples = self.count(batch)
         waited = now - self._asked
         if self.consume is not None:
+            waited, _ = runqueue.split(waited, 0.0, self.queued() - self._asked_queued)
             self.consume(batch, samples)
         if whole:
             self._add(samples, waited, now, close_when_full=False)
@@ -216,7 +226,10 @@ class _Runner:
             self._warmup(now, t_call)
         elif self._add(samples, waited, now, close_when_full=True) and self.done():
             return True
-        self._asked = self.clock() if self.consume is not None else now
+        if self.consume is not None:
+            self._asked, self._asked_queued = self.clock(), self.queued()
+        else:
+            self._asked = now
         if self._epoch_batches == self.epoch_length:
             if self.open is not None:
                 self._close(now, full=whole)

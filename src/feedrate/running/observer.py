@@ -2,9 +2,10 @@
 
 ``install(module)`` wraps ``DataLoader.__init__`` (to note where the user's code built each
 loader) and ``DataLoader.__iter__`` (so subclasses are caught too): each iterator handed out is
-an ``ObservedIterator``, which reads the clock twice per batch and the main thread's CPU clock
-twice, and adds to the loader's ``Watch``. Nothing else happens per batch: worker processes
-are read by ``sampler`` from its own thread, every second or so.
+an ``ObservedIterator``, which reads the clock twice per batch, and the main thread's CPU clock
+and run-queue time (``measuring.runqueue``) twice, and adds to the loader's ``Watch``. Nothing
+else happens per batch: worker processes are read by ``sampler`` from its own thread, every
+second or so.
 
 The wait of an epoch's first batch is counted from ``iter()`` (it holds the worker start-up);
 the step is the time from handing a batch out to the next ``next()``. Loaders that feedrate
@@ -29,9 +30,12 @@ from torch.utils.data import DataLoader
 
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.rebuild import config_of
+from feedrate.measuring import runqueue
 from feedrate.results.run import AutotuneChange, LoaderRun, WorkerUse
 from feedrate.running.timeline import Timeline
 
+#: The calling thread's seconds queued for a CPU: a wait the loop spent there is not the data's.
+QUEUED = runqueue.ThreadQueued()
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FEEDRATE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -73,8 +77,10 @@ class Watch:
         self.epochs += 1
         self.began, self.last = now, None
 
-    def took(self, batch: Any, t0: float, t1: float, cpu: float) -> None:
-        """A batch asked for at ``t0`` arrived at ``t1``, ``cpu`` s of main-thread CPU later."""
+    def took(self, batch: Any, t0: float, t1: float, cpu: float, queued: float = 0.0) -> None:
+        """A batch asked for at ``t0`` arrived at ``t1``, ``cpu`` s of main-thread CPU later,
+        the thread having spent ``queued`` s of the wait queued for a CPU: the loop's, not the
+        data's (see ``runqueue``)."""
         if self.last is None:  # the epoch's first batch: it waited from iter()
             wait, step = t1 - self.began, 0.0
             if self.startup is None:
@@ -83,7 +89,7 @@ class Watch:
             else:
                 self.restarts.append(wait)
         else:
-            wait, step = t1 - t0, t0 - self.last
+            wait, step = runqueue.split(t1 - t0, t0 - self.last, queued)
         self.wait += wait
         self.step += step
         self.cpu_in_next += cpu
@@ -159,7 +165,7 @@ class ObservedIterator:
         return self
 
     def __next__(self) -> Any:
-        c0 = time.thread_time()
+        c0, q0 = time.thread_time(), QUEUED()
         t0 = time.perf_counter()
         try:
             batch = next(self._inner)
@@ -167,11 +173,11 @@ class ObservedIterator:
             self._watch.ran_out(t0)
             raise
         t1 = time.perf_counter()
-        cpu = time.thread_time() - c0
+        cpu, queued = time.thread_time() - c0, QUEUED() - q0
         # A try costs nothing per batch where suppress() builds an object: never the user's
         # problem, a batch feedrate cannot count.
         try:  # noqa: SIM105
-            self._watch.took(batch, t0, t1, cpu)
+            self._watch.took(batch, t0, t1, cpu, queued)
         except Exception:
             pass
         return batch

@@ -1,0 +1,102 @@
+"""The time a thread spent runnable but queued for a CPU, and the loop's wait in ``next()``
+without it.
+
+A loop that waits in ``next()`` for a batch already made, but whose thread sat in the run
+queue while other processes held the CPUs, did not wait for data: no worker count would have
+shortened that wait. On a busy machine it reached a tenth of a 40 ms step (two busy loops on
+two CPUs), enough to call a fed loop starved and buy workers that do not help. So the loop's
+own run-queue time during the wait is moved to its step: the step is the loop's pace on the
+CPUs it gets (Linux ``/proc/<pid>/task/<tid>/schedstat``, its second field; elsewhere, or where
+the kernel does not count it, zero, and the wait is the clock's alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+
+#: A thread's cumulative run-queue seconds, read on the thread that calls it.
+Queued = Callable[[], float]
+
+
+class ThreadQueued:
+    """Call it for the calling thread's cumulative seconds queued for a CPU (0.0 where it cannot
+    be read). One file kept open per thread: a read is a ``pread`` of a few microseconds."""
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int | None] = {}
+
+    def __call__(self) -> float:
+        tid = threading.get_native_id()
+        fd = self._fds.get(tid, -1)
+        if fd == -1:
+            fd = self._fds[tid] = _open(tid)
+        if fd is None:
+            return 0.0
+        try:
+            return int(os.pread(fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def close(self) -> None:
+        """Close the files (a later call opens them again)."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def __del__(self) -> None:
+        # Not contextlib.suppress: at interpreter exit the modules may be gone already.
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:
+            pass
+
+
+def _open(tid: int) -> int | None:
+    try:
+        return os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def never() -> float:
+    """No run-queue time: the wait is the clock's alone (tests, a fake clock)."""
+    return 0.0
+
+
+def beside(clock: Callable[[], float]) -> Queued:
+    """The run-queue time to read beside ``clock``: the thread's with the real clock
+    (``time.perf_counter``), none with a fake one, whose seconds it could not be taken from."""
+    return ThreadQueued() if clock is time.perf_counter else never
+
+
+#: A reading of the loop's clock and its thread's run-queue time, both in seconds.
+Mark = tuple[float, float]
+
+
+class Marks:
+    """Call it for a ``Mark``: ``clock()`` and ``queued`` (default: ``beside(clock)``)."""
+
+    def __init__(self, clock: Callable[[], float], queued: Queued | None = None) -> None:
+        self.clock, self.queued = clock, queued or beside(clock)
+
+    def __call__(self) -> Mark:
+        return self.clock(), self.queued()
+
+
+def wait_and_step(asked: Mark, got: Mark, back: Mark) -> tuple[float, float]:
+    """The loop's wait in ``next()`` (asked for a batch at ``asked``, got it at ``got``) and its
+    step until it asked again at ``back``, the wait's run-queue time moved to the step."""
+    return split(got[0] - asked[0], back[0] - got[0], got[1] - asked[1])
+
+
+def split(wait: float, step: float, queued: float) -> tuple[float, float]:
+    """``(wait, step)`` with the loop's run-queue seconds during the wait (``queued``) moved from
+    the wait to the step; never more than the wait itself."""
+    moved = min(max(queued, 0.0), wait)
+    return wait - moved, step + moved

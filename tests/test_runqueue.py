@@ -1,0 +1,68 @@
+"""``measuring.runqueue``: a loop's time queued for a CPU, read from the kernel, and moved from
+its wait to its step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from feedrate.measuring.runqueue import Marks, ThreadQueued, beside, never, split, wait_and_step
+
+LINUX = sys.platform.startswith("linux") and os.path.exists("/proc/thread-self/schedstat")
+
+
+@given(
+    wait=st.floats(0, 10, allow_nan=False),
+    step=st.floats(0, 10, allow_nan=False),
+    queued=st.floats(-1, 20, allow_nan=False),
+)
+def test_split_moves_at_most_the_wait_and_keeps_the_total(
+    wait: float, step: float, queued: float
+) -> None:
+    w, s = split(wait, step, queued)
+    assert 0.0 <= w <= wait and s >= step
+    assert w + s == pytest.approx(wait + step)
+
+
+def test_wait_and_step_take_the_queue_of_the_wait_only() -> None:
+    # asked at 1.0 (queued 0.5 so far), got it at 1.3 (queued 0.6), asked again at 2.0
+    assert wait_and_step((1.0, 0.5), (1.3, 0.6), (2.0, 0.9)) == pytest.approx((0.2, 0.8))
+
+
+def test_a_fake_clock_reads_no_run_queue() -> None:
+    fake = iter(range(100)).__next__
+    assert beside(fake) is never
+    assert Marks(fake, lambda: 7.0)() == (0, 7.0)
+    assert isinstance(beside(time.perf_counter), ThreadQueued)
+
+
+@pytest.mark.skipif(not LINUX, reason="the run queue is read from Linux's schedstat")
+def test_a_thread_sharing_its_cpu_with_a_busy_process_is_seen_queued() -> None:
+    # This thread and a busy loop pinned to one CPU: each runs about half the time, so the
+    # thread's run-queue time grows while it spins. Load elsewhere only adds to it.
+    cpu = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile 1: pass"]
+    )
+    mask = os.sched_getaffinity(0)
+    queued = ThreadQueued()
+    try:
+        os.sched_setaffinity(threading.get_native_id(), {cpu})
+        time.sleep(0.2)  # the busy loop is running
+        before = queued()
+        spun = time.thread_time() + 0.2
+        while time.thread_time() < spun:
+            pass
+        assert queued() - before > 0.01
+    finally:
+        os.sched_setaffinity(threading.get_native_id(), mask)
+        busy.kill()
+        busy.wait()
+        queued.close()
