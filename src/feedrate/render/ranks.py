@@ -42,7 +42,7 @@ def measured_ranks_rows(m: Measurement) -> list[tuple[str, str]]:
         (
             "ranks",
             f"{n} ranks loading at once, each on its shard ({each} samples/s); the job: "
-            f"{rate(n * m.samples_per_s)} samples/s (the slowest rank's × {n}: training steps "
-            "in lockstep)",
+            f"{rate(n * m.samples_per_s)} samples/s (a rank's rate × {n}: training steps in "
+            "lockstep, so the slowest rank's, or theirs pooled where they agree within noise)",
         )
     ]

@@ -19,11 +19,9 @@ from feedrate.distributed.channel import Channel, RankError, failure
 from feedrate.errors import PipelineError
 from feedrate.loader.config import LoaderConfig
 from feedrate.measuring.measure import LoaderSource, measure
+from feedrate.measuring.timing import DEFAULT_SECONDS
 from feedrate.results.measurement import Measurement
 from feedrate.workflows import tune_node
-
-#: Seconds of steady state ``measure`` takes when neither batches nor seconds are given.
-DEFAULT_S = 10.0
 
 
 def measure_job(
@@ -43,7 +41,7 @@ def measure_job(
     if coordinate is False or not group.active():
         return measure(source, config, timeout_s=timeout_s, seconds=seconds, **kwargs)
     # The longest a rank may wait for the last: its start-up and steady state, twice over.
-    longest = 120.0 + 3 * (timeout_s or 60.0) + 4 * (seconds or DEFAULT_S)
+    longest = 120.0 + 3 * (timeout_s or 60.0) + 4 * (seconds or DEFAULT_SECONDS)
     channel = Channel.open("feedrate.measure", longest)
     try:
         ranks, gate = channel.ranks, channel.gate()
