@@ -97,9 +97,8 @@ def run(
     too short for windows.
     """
     runner = _Runner(
-        plan, count_samples, clock, hooks or Hooks(), epoch_length, consume, length_hint
+        plan, count_samples, clock, hooks or Hooks(), epoch_length, consume, length_hint, queued
     )
-    runner.queued = queued
     timeline = runner.timeline
     while not runner.done() and timeline.epochs < plan.max_epochs and not runner.out_of_time():
         runner.epoch(make_iter)
@@ -120,12 +119,14 @@ class _Runner:
         epoch_length: int | None,
         consume: Callable[[Any, int], object] | None = None,
         length_hint: int | None = None,
+        queued: Queued = runqueue.never,
     ):
         self.plan, self.count, self.clock, self.hooks = plan, count, clock, hooks
         self.epoch_length, self.consume = epoch_length, consume
         self.length_hint = length_hint  # batches an epoch says it has (not kept to)
         self._asked = 0.0
-        self.queued: Queued = runqueue.never
+        # Only a consumer's loop has a stall to take the run queue out of.
+        self.queued = queued if consume is not None else runqueue.never
         self._asked_queued = 0.0  # the loop's run-queue seconds when it asked
         self.timeline = Timeline()
         self.open: Window | None = None
