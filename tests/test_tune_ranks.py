@@ -27,6 +27,7 @@ from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.shards import sharded
 from feedrate.machine.facts import collect
+from feedrate.results.findings import Finding, over_ranks
 from feedrate.results.measurement import Measurement, WindowSummary
 from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.spread import Spread
@@ -141,6 +142,29 @@ def test_a_stream_is_not_sharded_behind_its_back() -> None:
         sharded(DataLoader(UnshardedStream(8), batch_size=2), 0, 2)
 
 
+def test_the_ranks_findings_are_each_said_once_naming_the_ranks_that_found_them() -> None:
+    def f(fid: str, severity: str, message: str) -> Finding:
+        return Finding(fid, severity, message, "fix it")  # type: ignore[arg-type]
+
+    per_rank = [
+        [f("fd-limit", "warning", "rank 0's limit"), f("shared-rng", "warning", "would share")],
+        [f("shared-rng", "error", "4 workers share it"), f("fd-limit", "warning", "rank 1's")],
+        [f("copy-on-read", "warning", "grows")],
+    ]
+    merged = {m.id: m for m in over_ranks(per_rank)}
+    assert len(merged) == 3
+    # The most severe of a finding's versions, saying which ranks found it.
+    assert merged["shared-rng"].severity == "error"
+    assert merged["shared-rng"].message == (
+        "on ranks 0 and 1 of 3 (each rank checked its own loader): 4 workers share it"
+    )
+    assert merged["copy-on-read"].message.startswith("on rank 2 of 3 ")
+    assert next(iter(merged)) == "shared-rng"  # errors first
+    # Found on every rank alike: said once, as rank 0 said it.
+    alike = [[f("fd-limit", "warning", "low")], [f("fd-limit", "warning", "low")]]
+    assert over_ranks(alike) == [f("fd-limit", "warning", "low")]
+
+
 def test_the_ranks_run_the_command_without_its_nproc_option() -> None:
     argv = ["tune", "x.py:l", "--nproc-per-node", "2", "--fresh", "--nproc-per-node=3"]
     assert without_nproc(argv) == ["tune", "x.py:l", "--fresh"]
@@ -148,10 +172,22 @@ def test_the_ranks_run_the_command_without_its_nproc_option() -> None:
 
 TARGET = """
 import os
+import random
 import signal
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 from pipelines import SleepDataset, TinyDataset
+
+class SharedRngOnRankOne(SleepDataset):
+    def __init__(self, n, sleep_s):
+        super().__init__(n, sleep_s)
+        if os.environ.get("RANK") == "1":  # a generator made before the workers: rank 1 only
+            self.rng = random.Random(0)
+
+    def __getitem__(self, i):
+        if hasattr(self, "rng"):
+            self.rng.random()
+        return super().__getitem__(i)
 
 class FailsOnRankOne(TinyDataset):
     def __getitem__(self, i):
@@ -164,6 +200,9 @@ def loader():
 
 def failing():
     return DataLoader(FailsOnRankOne(64), batch_size=4)
+
+def rng_on_one():
+    return DataLoader(SharedRngOnRankOne(256, 0.004), batch_size=8)
 """
 
 
@@ -197,12 +236,14 @@ def _left_behind(marker: str) -> list[psutil.Process]:
     return left
 
 
-def test_nproc_per_node_tunes_the_node_and_only_rank_zero_speaks(tmp_path: Path) -> None:
+def test_nproc_per_node_tunes_and_checks_the_node_and_only_rank_zero_speaks(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "out.json"
     options = ["--shard", "--budget-s", "10", "--max-workers", "8", "--json", str(out)]
-    code, said = _two_ranks(tmp_path, "tune", "job.py:loader", *options)
+    code, said = _two_ranks(tmp_path, "tune", "job.py:rng_on_one", *options)
     assert code == 0, said[-3000:]
-    assert said.count("feedrate tune job.py:loader") == 1  # one table: rank 0's
+    assert said.count("feedrate tune job.py:rng_on_one") == 1  # one table: rank 0's
     doc = json.loads(out.read_text())
     assert doc["ranks"]["world_size"] == 2 and doc["ranks"]["local_world_size"] == 2
     measured_trials = [t for t in doc["trials"] if t["spread"] is not None]
@@ -210,7 +251,10 @@ def test_nproc_per_node_tunes_the_node_and_only_rank_zero_speaks(tmp_path: Path)
     assert doc["job_samples_per_s"] == pytest.approx(2 * doc["best_samples_per_s"])
     # Each rank's share of the 2 CPUs decided it, and the file says the node's whole machine.
     assert doc["machine"]["cpus_usable"] == collect().cpus_usable
-    assert "no-distributed-sampler" not in {f["id"] for f in doc["findings"]}  # --shard
+    found = {f["id"]: f for f in doc["findings"]}
+    assert "no-distributed-sampler" not in found  # --shard
+    # Every rank ran the dataset checks on its own loader: rank 1's trap is found, as its own.
+    assert found["shared-rng"]["message"].startswith("on rank 1 of 2")
     assert not _left_behind(str(tmp_path))
 
 

@@ -48,3 +48,33 @@ class FindingDoc:
     evidence: str
     fix: str
     severity: str
+
+
+def over_ranks(per_rank: list[list[Finding]]) -> list[Finding]:
+    """The findings of a job's ranks (``per_rank[r]``: rank r's), each id once: the most severe
+    of its versions (the lowest rank's among equals), its message saying which ranks found it
+    when not all of them did (each rank checks its own shard: a trap can be on some only)."""
+    found: dict[str, tuple[Finding, list[int]]] = {}
+    for rank, findings in enumerate(per_rank):
+        for f in findings:
+            kept, ranks = found.setdefault(f.id, (f, []))
+            ranks.append(rank)
+            if SEVERITY_ORDER.get(f.severity, 9) < SEVERITY_ORDER.get(kept.severity, 9):
+                found[f.id] = (f, ranks)
+    merged = []
+    for finding, ranks in found.values():
+        if len(ranks) < len(per_rank):
+            where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_listed(ranks)}"
+            finding = Finding(
+                finding.id,
+                finding.severity,
+                f"on {where} of {len(per_rank)} (each rank checked its own loader): "
+                f"{finding.message}",
+                finding.fix,
+            )
+        merged.append(finding)
+    return by_severity(merged)
+
+
+def _listed(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"

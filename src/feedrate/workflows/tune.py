@@ -87,8 +87,9 @@ def tune(
     None or True), call it in every rank at the same point: every trial is measured with all
     ranks loading at once, each on its own shard (its ``DistributedSampler``, or one made for
     the measurement with ``shard``), within its share of the node's CPUs, memory and
-    /dev/shm; the figure is the slowest rank's, rank 0 decides, and every rank returns the same
-    result (``feedrate.workflows.tune_node``). ``coordinate=False`` tunes this process alone.
+    /dev/shm; the figure is the slowest rank's, rank 0 decides, every rank runs the dataset
+    checks on its own loader, and every rank returns the same result
+    (``feedrate.workflows.tune_node``). ``coordinate=False`` tunes this process alone.
     """
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
     channel = tune_node.channel(coordinate, budget_s, timeout_s)
@@ -145,6 +146,9 @@ def tune(
         **search_kwargs,
     )
 
+    def checks(result: TuneResult) -> list[Finding]:
+        return _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
+
     def searched() -> TuneResult:
         if use_cache and not fresh:
             hit = _from_cache(cache_key, source)
@@ -153,13 +157,15 @@ def tune(
                 return hit
         with interrupts.stoppable():
             result = run.search()
-        checks = _doctor_checks(loader, facts, result, min(timeout_s, DOCTOR_TIMEOUT_S))
-        result.findings = by_severity([*result.findings, *checks])
+        found = checks(result) if channel is None else tune_node.checked(channel, checks, result)
+        result.findings = by_severity([*result.findings, *found])
         if use_cache and not result.partial:
             cache.save(cache_key, result.to_dict())
         return result
 
-    result = searched() if channel is None else tune_node.coordinated(channel, searched, run)
+    result = (
+        searched() if channel is None else tune_node.coordinated(channel, searched, run, checks)
+    )
     result._source = source
     return result
 

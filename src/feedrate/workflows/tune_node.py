@@ -5,7 +5,9 @@ the trial's limits, every rank measures it at the same time on its own shard (so
 contention between the node's ranks is real), and the figures come back to rank 0, which
 reads them as the slowest rank's (``search.ranks.slowest``: training steps in lockstep). The
 other ranks only measure what they are sent (``follow``) and end with rank 0's result, so every
-rank returns the same answer. A rank whose pipeline fails sends the failure in place of its
+rank returns the same answer. After the search every rank runs the dataset checks on its own
+loader at the same time (``checked``): a trap on one rank's shard is found, and said as that
+rank's. A rank whose pipeline fails sends the failure in place of its
 figures; a rank that stops answering fails the others within the channel's timeout.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from feedrate.checks.ranks import node_findings
+from feedrate.checks.tune import check_failed_finding
 from feedrate.distributed import group
 from feedrate.distributed.channel import Channel, RankError, failed, failure
 from feedrate.distributed.facts import rank_facts
@@ -27,7 +30,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import loader_of
 from feedrate.loader.shards import sharded
 from feedrate.machine.facts import MachineFacts
-from feedrate.results.findings import by_severity
+from feedrate.results.findings import Finding, by_severity, over_ranks
 from feedrate.results.measurement import Measurement
 from feedrate.results.ranks import RankFacts
 from feedrate.results.trial import Trial
@@ -130,9 +133,10 @@ def lead(channel: Channel, run: Callable[[], TuneResult]) -> TuneResult:
     return result
 
 
-def follow(channel: Channel, search: TuneSearch) -> TuneResult:
-    """A rank other than 0: measure each configuration rank 0 sends, until its result comes
-    (returned) or it says it stopped (``RankError`` naming why)."""
+def follow(channel: Channel, search: TuneSearch, checks: Checks) -> TuneResult:
+    """A rank other than 0: measure each configuration rank 0 sends, and run the checks on its
+    own loader when told, until its result comes (returned) or it says it stopped
+    (``RankError`` naming why)."""
     while True:
         message = channel.broadcast()
         if not isinstance(message, dict):
@@ -146,6 +150,9 @@ def follow(channel: Channel, search: TuneSearch) -> TuneResult:
                 channel.all_gather(failure(channel.ranks.rank, exc))
                 raise
             channel.all_gather(mine)
+        elif message.get("do") == "checks":
+            result = TuneResult.from_dict(message["result"])
+            channel.all_gather(checks_here(checks, result, channel.ranks.rank))
         elif message.get("do") == "facts":
             sizes = {k: message.get(k) for k in ("batch_bytes", "memory_bytes")}
             channel.all_gather(facts_here(search, channel.ranks, sizes))
@@ -153,6 +160,32 @@ def follow(channel: Channel, search: TuneSearch) -> TuneResult:
             return TuneResult.from_dict(message["result"])
         else:
             raise RankError(failed(message) or "rank 0 stopped the tune")
+
+
+#: The dataset checks of one rank's loader for a searched result (``workflows.tune``'s).
+Checks = Callable[[TuneResult], list[Finding]]
+
+
+def checked(channel: Channel, checks: Checks, result: TuneResult) -> list[Finding]:
+    """Rank 0, after the search: ``checks`` run by every rank on its own loader at once, their
+    findings merged (``results.findings.over_ranks``). A rank whose checks failed adds a
+    ``check-failed`` finding naming it."""
+    channel.broadcast({"do": "checks", "result": result.to_dict()})
+    docs = channel.all_gather(checks_here(checks, result, 0))
+    lost = [why for why in map(failed, docs) if why is not None]
+    per_rank = [[Finding.from_dict(f) for f in d] for d in docs if failed(d) is None]
+    found = over_ranks(per_rank)
+    if lost:
+        found.append(check_failed_finding("dataset checks on the other ranks", "; ".join(lost)))
+    return found
+
+
+def checks_here(checks: Checks, result: TuneResult, rank: int) -> Any:
+    """This rank's findings as documents, or the failure of its checks as one."""
+    try:
+        return [f.to_dict() for f in checks(result)]
+    except Exception as exc:  # a bug here must not leave rank 0 waiting
+        return failure(rank, exc)
 
 
 def channel(coordinate: bool | None, budget_s: float, timeout_s: float) -> Channel | None:
@@ -177,13 +210,13 @@ def shard_source(source: Any, ranks: Ranks) -> Callable[[], DataLoader[Any]]:
 
 
 def coordinated(
-    channel: Channel, searched: Callable[[], TuneResult], run: TuneSearch
+    channel: Channel, searched: Callable[[], TuneResult], run: TuneSearch, checks: Checks
 ) -> TuneResult:
-    """Rank 0 leads ``searched()``; the others follow ``run``'s trials. Every rank returns rank
-    0's result; the channel is closed either way."""
+    """Rank 0 leads ``searched()``; the others follow ``run``'s trials and ``checks``. Every
+    rank returns rank 0's result; the channel is closed either way."""
     try:
         if channel.ranks.main:
             return lead(channel, searched)
-        return follow(channel, run)
+        return follow(channel, run, checks)
     finally:
         channel.close()
