@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from feedrate.cpus import usable_cpus
 from feedrate.machine.facts import (
     MachineFacts,
     cgroup_cpu_quota,
     cgroup_memory_limit,
     collect,
-    usable_cpus,
 )
 
 

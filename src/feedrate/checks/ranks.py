@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from feedrate.checks.transfer import PINNED_SHARE, pinned_budget
+from feedrate.cpus import usable_cpus
 from feedrate.results.findings import Finding, FindingDoc, by_severity
 from feedrate.results.ranks import RankFacts
 from feedrate.search.space import SHM_HEADROOM
@@ -68,8 +69,7 @@ def node_cpus(ranks: list[RankFacts], machine: dict[str, Any]) -> int | None:
     union = len(set().union(*(r.cpu_ids or () for r in ranks)))
     if not all(r.cpu_ids for r in ranks) or union <= own:  # not pinned apart: machine's
         return machine.get("cpus_usable")
-    quota = machine.get("cpu_quota")
-    return max(1, union if quota is None else min(union, math.floor(quota)))
+    return usable_cpus(union, machine.get("cpu_quota"))
 
 
 def worker_oversubscription_finding(

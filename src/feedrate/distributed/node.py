@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from feedrate.machine.facts import MachineFacts, usable_cpus
+from feedrate.cpus import usable_cpus
+from feedrate.machine.facts import MachineFacts
 
 
 def _part(value: int | None, ranks: int) -> int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import math
 import multiprocessing
 import os
 import platform
@@ -25,6 +24,8 @@ from typing import Any, Literal, TypeVar, get_args
 import psutil
 import torch
 import torch.multiprocessing
+
+from feedrate.cpus import usable_cpus
 
 Accelerator = Literal["cuda", "mps", "none"]
 
@@ -97,18 +98,6 @@ def cpu_ids() -> list[int] | None:
     """The CPUs this process may run on (its affinity mask), None where it cannot be read: the
     ranks of a node pinned each to its own CPUs share the node through these."""
     return _safe(lambda: sorted(os.sched_getaffinity(0))) or None
-
-
-def usable_cpus(affinity: int, quota: float | None) -> int:
-    """CPUs a pipeline can keep busy: the smaller of the affinity count and the cgroup quota.
-
-    The quota is floored because a fractional CPU cannot host a whole busy worker without being
-    throttled; a quota below 1 (e.g. 0.5) still yields 1, as does a nonsensical affinity.
-    ``quota=None`` means no quota.
-    """
-    if quota is None:
-        return max(1, affinity)
-    return max(1, min(affinity, math.floor(quota)))
 
 
 def cgroup_cpu_quota(cgroup_root: Path, proc_self_cgroup: Path) -> float | None:
