@@ -526,3 +526,47 @@ def test_waiting_workers_that_fill_the_cpus_by_their_number_still_step_up() -> N
     best, trials = run(space(cpus=1), model)
     steps = [(t.config.num_workers, round(t.median)) for t in trials]
     assert best.median >= 0.97 * 5_100, steps
+
+
+def test_workers_queued_behind_each_other_on_cpus_they_fill_are_cpu_bound() -> None:
+    # Skewed CPU cost, 32 workers on 2 CPUs: each runnable a third of the time (held up behind
+    # a full queue and slow batches), so not "mostly waiting" by its own share, yet together
+    # 1.4 CPUs of work and 10.8 of queueing on a machine 1.9 busy, mostly with them.
+    queued = make_trial(LoaderConfig(32), "", Figures(1, 0.1, 1.4 / 32), None)
+    queued.workers_runq, queued.system_busy_cpus = 10.8, 1.92
+    assert bottleneck(queued, 2) == "cpu"
+    # Waiting workers on CPUs that other processes fill: their queueing is the others' doing.
+    others = make_trial(LoaderConfig(32), "", Figures(1, 0.1, 0.4 / 32), None)
+    others.workers_runq, others.system_busy_cpus = 0.8, 1.95
+    assert bottleneck(others, 2) == "latency"
+
+
+def online_trial(workers: int, rate: float, stall: float, noise: float) -> Trial:
+    t = make_trial(
+        LoaderConfig(workers, prefetch_factor=2, persistent_workers=True),
+        "x",
+        Figures(rate, 0.1, 1.7 / workers, noise=noise),
+        None,
+    )
+    t.stall_fraction, t.batch_bytes = stall, 4096
+    return t
+
+
+def test_online_stops_adding_workers_that_slow_the_loop_itself() -> None:
+    # A loop that does nothing, skewed CPU cost on 2 CPUs: from 8 to 16 workers the stall fell
+    # (81% to 70%) only because the loop's own thread queued for a CPU behind them (its step),
+    # while less was delivered, within the noise: no more workers, nor a deeper pool.
+    start = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
+    s = space(cpus=2, consumer=True, baseline=start)
+    trials = [
+        online_trial(2, 2001, 0.87, 0.2),
+        online_trial(4, 2346, 0.81, 0.15),
+        online_trial(8, 2803, 0.72, 0.15),
+        online_trial(16, 2194, 0.67, 0.25),
+    ]
+    proposal = propose_online(s, trials)
+    assert proposal is None or proposal[0].num_workers < 16
+    # The same stall cut with the loop's step unchanged (more delivered in proportion): more.
+    fed_faster = [*trials[:3], online_trial(16, 2803 * 0.36 / 0.28, 0.64, 0.25)]
+    proposal = propose_online(s, fed_faster)
+    assert proposal is not None and proposal[0].num_workers > 16

@@ -616,7 +616,7 @@ def test_a_trial_at_the_epochs_end_needs_a_round_more_than_the_queue() -> None:
     # 32 workers (pf=2: a queue of 64) took over late in a 256-batch epoch. The queue may be
     # full of ready batches when the window opens: up to two rounds of them arrive in a burst
     # with no round's gap (hundreds of thousands of samples/s, next to no CPU). Concluded at
-    # the epoch's end only with a round more than that; else the next epoch starts it again.
+    # the epoch's end only with a round more than that; else it goes on over the next epoch.
     cfg = LoaderConfig(32, prefetch_factor=2)
     assert at_epoch_end(cfg) == 96
     st = TrialTiming.planned(cfg, "test", 96, 256)
@@ -628,11 +628,19 @@ def test_a_trial_at_the_epochs_end_needs_a_round_more_than_the_queue() -> None:
     for i in range(32):
         st.add(16, 0.2 if i == 0 else 0.0001, 0.0, 1.0)
     assert st.epoch_done()  # a round made in the window, its gap included
-    # From an epoch's start the queue began empty: a whole round does.
-    fresh = TrialTiming.planned(cfg, "test", 96, 256)
-    fresh.start(0.0, lead_s=0.01)
+    # From an epoch's start, after its warm-up, the same: the warm-up refilled the queue (64
+    # workers, 192 batches of warm-up in a 256-batch epoch: its last round read 10,500
+    # samples/s at no CPU). Opened at the epoch's start itself, the queue began empty: a
+    # whole round does.
+    warmed = TrialTiming.planned(cfg, "test", 96, 256)
+    warmed.start(0.0, lead_s=0.01)
     for i in range(96 + 32):
-        fresh.add(16, 0.2 if i == 96 else 0.0001, 0.0, 1.0)
+        warmed.add(16, 0.0001, 0.0, i * 0.0001)
+    assert warmed.measured == 32 and not warmed.epoch_done()
+    fresh = TrialTiming.planned(cfg, "test", 0, 256)
+    fresh.start(0.0, lead_s=0.01)
+    for i in range(32):
+        fresh.add(16, 0.2 if i == 0 else 0.0001, 0.0, 1.0)
     assert fresh.epoch_done()
     # Where the epoch's length is unknown (an iterable's), a few batches still do.
     open_ended = TrialTiming.planned(cfg, "test", 96, None)
@@ -640,3 +648,36 @@ def test_a_trial_at_the_epochs_end_needs_a_round_more_than_the_queue() -> None:
     for i in range(96 + 4):
         open_ended.add(16, 0.0001, 0.0, i * 0.0001)
     assert open_ended.epoch_done()
+
+
+def test_a_trial_short_at_an_epochs_end_starts_over_from_the_next_epochs_start() -> None:
+    # 64 workers in 256-batch epochs, a warm-up of 192: the one round measured by the epoch's
+    # end came from the queue. Not concluded there, the trial starts over with the next epoch
+    # from its start (the lane's workers are warm, its queue empty) rather than after another
+    # warm-up, which would reach the epoch's end as short as before, every epoch.
+    start = online(LoaderConfig(64))
+    space = Space(cpus=4, baseline=start, max_workers=128, consumer=True)
+    tuner = OnlineTuner(
+        space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 192
+    )
+    tuner.new_epoch(256)
+    tuner.lane_started(0.0, True, 0.0)
+    first = tuner.trial
+    assert first is not None and not first.whole_epoch and first.warmup == 192
+    now = 0.0
+    for i in range(256):
+        wait = 0.0001 if i >= 192 else 0.01  # the last round all ready: a burst
+        now += wait
+        tuner.observe(4, wait, 0.0, now)
+    assert first.measured == 64 and not first.epoch_done()
+    tuner.new_epoch(256)
+    tuner.lane_started(now, False, 0.0)
+    again = tuner.trial
+    assert again is not None and again is not first and again.warmup == 0 and again.opened
+    while not tuner.trial_done(now):
+        wait = 0.64 if tuner.batch % 64 == 0 else 0.0001  # rounds of 64, one batch-time each
+        now += wait
+        tuner.observe(4, wait, 0.0, now)
+    tuner.conclude(now, None)
+    # The pipeline's pace (64 batches of 4 a 0.64 s round: 400 samples/s), not the burst's.
+    assert tuner.trials[-1].samples_per_s == pytest.approx(400, rel=0.02)

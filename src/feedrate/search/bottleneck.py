@@ -59,13 +59,26 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
     if t.main_cpu >= 0.85:
         return "main-process"
     own = t.main_cpu + t.workers_cpu
-    if own >= 0.85 * cpus or t.worker_demand_mean >= 0.8:
+    if own >= 0.85 * cpus or t.worker_demand_mean >= 0.8 or competing(t, cpus):
         return "cpu"  # the workers use, or queue for, a core all the time
     if t.worker_demand_mean < 0.5:
         return "latency"  # workers mostly asleep: waiting on I/O, not on a CPU
     if (t.system_busy_cpus or 0.0) >= 0.85 * cpus:
         return "cpu"  # computing workers on CPUs that others fill: more workers only compete
     return "unknown"
+
+
+def competing(t: Trial, cpus: int) -> bool:
+    """The workers waited for a CPU longer than they ran, on CPUs busy (``0.85`` of them) mostly
+    with this pipeline's own processes: they compete for the CPUs. Each may be runnable only a
+    fraction of the time (many workers, each held up behind a full queue or a slow batch), yet
+    none of them waits on I/O: more workers only queue longer (skewed CPU cost, 32 workers on 2
+    CPUs: 1.4 CPUs of work, 10.8 of queueing, the machine 1.9 busy). Workers waiting on I/O
+    sleep instead, and on a machine others keep busy their queueing is the others' doing."""
+    busy = t.system_busy_cpus or 0.0
+    own = t.main_cpu + t.workers_cpu
+    queued = t.workers_runq or 0.0
+    return queued > t.workers_cpu and busy >= 0.85 * cpus and own >= 0.5 * busy
 
 
 def ipc_bytes_per_s(t: Trial, batch_size: int | None) -> float | None:

@@ -92,6 +92,24 @@ def outpaced(top: Trial, t: Trial) -> bool:
     return resolved and top.median > t.median * (1 + NOISE_FLOOR)
 
 
+#: The loop's own time per sample (its step's share of the time, over the rate) this much
+#: longer with more workers: they compete with the loop's thread for the CPUs.
+STEP_GROWTH = 0.5
+
+
+def slows_the_loop(top: Trial, prev: Trial) -> bool:
+    """``top`` (more workers) left the loop ``STEP_GROWTH`` more of its own time per sample than
+    ``prev``: its workers compete with the loop's thread, whose wait for a CPU is its step's.
+    Its stall then reads lower without more delivered (skewed CPU cost, 8 to 16 workers on 2
+    CPUs: a stall of 81% to 70%, 3,077 to 2,417 samples/s); a consumer's own step is the same
+    at any count unless it competes too."""
+
+    def own(t: Trial) -> float:
+        return (1.0 - (t.stall_fraction or 0.0)) / t.median if t.median > 0 else 0.0
+
+    return own(prev) > 0 and own(top) > own(prev) * (1 + STEP_GROWTH)
+
+
 def covers(t: Trial) -> bool:
     return t.measured and t.stall_fraction is not None and t.stall_fraction <= STALL_MARGIN
 

@@ -38,6 +38,7 @@ from feedrate.search.space import (
     eligible,
     fastest,
     series,
+    slows_the_loop,
     threaded,
     threads_win,
     with_workers,
@@ -45,9 +46,8 @@ from feedrate.search.space import (
 
 
 def _anchor_none(space: Space, trials: list[Trial]) -> Proposal | None:
-    return with_workers(
-        space.baseline, 0
-    ), "no workers: cheap samples are fastest without inter-process copies"
+    why = "no workers: cheap samples are fastest without inter-process copies"
+    return with_workers(space.baseline, 0), why
 
 
 def _anchor_cpus(space: Space, trials: list[Trial]) -> Proposal | None:
@@ -111,9 +111,8 @@ def _one_worker(space: Space, trials: list[Trial]) -> Proposal | None:
     """When no workers beat one per CPU, check whether a single worker helps at all."""
     best = fastest(series(space, trials))
     if best is not None and best.config.num_workers == 0 and space.cpus > 1:
-        return with_workers(
-            space.baseline, 1
-        ), "one worker: does moving the work off the main process pay?"
+        why = "one worker: does moving the work off the main process pay?"
+        return with_workers(space.baseline, 1), why
     return None
 
 
@@ -273,6 +272,8 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     lower = [t for t in main if t.config.num_workers < w]
     if lower and w > 1:
         prev = max(lower, key=lambda t: t.config.num_workers)
+        if beats(prev, top) or (slows_the_loop(top, prev) and not beats(top, prev)):
+            return None  # they compete for the CPUs (with the loop too): more would compete more
         cut = (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0)
         if cut < STALL_GAIN and not beats(top, prev):
             # Neither less stall nor more delivered (an instant step stalls ~100% at any
@@ -282,10 +283,8 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     if w and bottleneck(top, space.cpus) == "latency":
         nxt = min(_aim(space, top), space.max_workers)
         more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
-    return (
-        with_workers(space.baseline, nxt),
-        f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time: {more}",
-    )
+    why = f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time"
+    return with_workers(space.baseline, nxt), f"{why}: {more}"
 
 
 #: Online, CPU-bound workers on small batches are doubled up to this many per CPU while each

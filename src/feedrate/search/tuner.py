@@ -39,12 +39,10 @@ WATCH_BATCHES = 64
 WATCH_S = 2.0
 RETUNE_STALL = 2 * STALL_MARGIN
 
-#: Windows in a row whose stall must exceed the settled one by ``RETUNE_STALL`` to tune again
-#: (one noisy window must not cost a round of trials).
+#: Windows in a row whose stall exceeds the settled one by ``RETUNE_STALL`` to tune again.
 RETUNE_WINDOWS = 2
 
-#: The default ``budget_s``: training seconds one round of tuning may spend on trials.
-BUDGET_S = 60.0
+BUDGET_S = 60.0  # the default ``budget_s``: training seconds a round may spend on trials
 
 
 @dataclass
@@ -174,16 +172,18 @@ class OnlineTuner:
         self._epoch_length = length
 
     def lane_started(self, now: float, fresh: bool = False, lead_s: float = 0.0) -> None:
-        """A lane of ``config`` started at ``now`` with the epoch, its ``iter()`` having
-        taken ``lead_s`` (``fresh``: its workers are new): a trial timed whole goes on with
-        this epoch; any other in progress starts over on it (with its warm-up)."""
-        trial = self.trial
+        """A lane of ``config`` starts with the epoch (``iter()`` took ``lead_s``; ``fresh``: new
+        workers). A trial timed whole goes on; any other starts over, with a warm-up unless it
+        had measured in rounds on this lane (alone): the queue is empty here (``epoch_done``)."""
+        trial, cfg = self.trial, self.config
         if trial is None:
             return
-        if not fresh and trial.goes_on(self.config):
+        if not fresh and trial.goes_on(cfg):
             trial.next_epoch(lead_s)
             return
-        self.trial = self._timing(self.config, trial.reason, self._warmup(self.config), fresh)
+        warm = not (fresh or self.counted or trial.whole_epoch) and trial.measured > 0
+        warmup = 0 if warm else self._warmup(cfg)
+        self.trial = self._timing(cfg, trial.reason, warmup, fresh)
         self.trial.start(now, lead_s)
 
     def observe(
