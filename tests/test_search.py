@@ -566,7 +566,10 @@ def test_online_stops_adding_workers_that_slow_the_loop_itself() -> None:
     ]
     proposal = propose_online(s, trials)
     assert proposal is None or proposal[0].num_workers < 16
-    # The same stall cut with the loop's step unchanged (more delivered in proportion): more.
-    fed_faster = [*trials[:3], online_trial(16, 2803 * 0.36 / 0.28, 0.64, 0.25)]
+    # A stall cut with the loop's step unchanged (more delivered in proportion): more...
+    fed_faster = [trials[0], online_trial(4, 2001 * 0.19 / 0.13, 0.81, 0.15)]
     proposal = propose_online(s, fed_faster)
-    assert proposal is not None and proposal[0].num_workers > 16
+    assert proposal is not None and proposal[0].num_workers == 8
+    # ... but CPU-bound workers no further than the deepest pool worth trying, 4 per CPU.
+    deeper = [*fed_faster, online_trial(8, 2001 * 0.19 / 0.13 * 0.28 / 0.19, 0.72, 0.15)]
+    assert propose_online(s, deeper) is None

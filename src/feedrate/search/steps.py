@@ -260,8 +260,8 @@ FASTEST_STEPS = (
 
 
 def _double(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Consumer mode: more workers until one configuration keeps the consumer fed: twice as
-    many, or for latency-bound workers the count aimed at the consumer's pace (``_aim``)."""
+    """Consumer mode: more workers until one keeps the consumer fed: twice as many (CPU-bound:
+    up to ``POOL_CPUS`` per CPU), or for latency-bound ones the count aimed at its pace."""
     main = series(space, trials)
     if not main or any(covers(t) for t in main):
         return None
@@ -275,12 +275,13 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
         if beats(prev, top) or (slows_the_loop(top, prev) and not beats(top, prev)):
             return None  # they compete for the CPUs (with the loop too): more would compete more
         cut = (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0)
-        if cut < STALL_GAIN and not beats(top, prev):
-            # Neither less stall nor more delivered (an instant step stalls ~100% at any
-            # rate): more workers cannot feed it, unless a deeper pool may (``_pool``).
-            return _pool(space, top, prev)
+        if cut < STALL_GAIN and not beats(top, prev):  # neither less stall nor more delivered:
+            return _pool(space, top, prev)  # more cannot feed it, unless a deeper pool may
+    kind = bottleneck(top, space.cpus) if w else "no-workers"
+    if kind == "cpu" and 2 * w > POOL_CPUS * space.cpus:
+        return None  # CPU-bound past the deepest pool worth trying (``_pool``): more only queue
     nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"
-    if w and bottleneck(top, space.cpus) == "latency":
+    if kind == "latency":
         nxt = min(_aim(space, top), space.max_workers)
         more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
     why = f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time"
