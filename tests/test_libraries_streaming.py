@@ -52,7 +52,11 @@ def test_autotune_keeps_the_epochs_order_and_every_sample_once(tmp_path: Path) -
     want = [epoch_ids(plain) for _ in range(2)]
     with feedrate.autotune(make(root), cache=False, budget_s=2) as auto:
         got = [epoch_ids(auto, step_s=0.002) for _ in range(2)]
-        assert auto.config.num_workers > 0  # streaming partitions by worker: no probe
+        report = auto.report()
+        # Streaming partitions by worker: it starts with workers, no probe. (Where it goes from
+        # there is the search's: on a busy machine no workers can be fastest, same order.)
+        start = report.trials[0].config if report.trials else auto.config
+        assert start.num_workers > 0
     assert got == want  # no epoch used up by a probe: epoch k is epoch k
     assert none_left()
 
