@@ -176,7 +176,7 @@ def checked(channel: Channel, checks: Checks, result: TuneResult) -> list[Findin
     per_rank = [[Finding.from_dict(f) for f in d] for d in docs if failed(d) is None]
     found = over_ranks(per_rank)
     if lost:
-        found.append(check_failed_finding("dataset checks on the other ranks", "; ".join(lost)))
+        found.append(check_failed_finding("dataset checks on the job's ranks", "; ".join(lost)))
     return found
 
 
