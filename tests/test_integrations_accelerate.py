@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ accelerate = pytest.importorskip(
 
 from feedrate.integrations.accelerate import dispatch_note, tune_prepared  # noqa: E402
 
+from jobs import run_job  # noqa: E402
 from pipelines import SleepDataset  # noqa: E402
 
 N, BATCH, SLEEP_S = 64, 8, 0.005
@@ -125,8 +125,8 @@ def test_two_processes_train_on_the_main_process_s_answer(tmp_path: Path) -> Non
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"]
-    done = subprocess.run(run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=100)
-    out = done.stdout + done.stderr
+    done = run_job(run, timeout_s=100, env=env, cwd=tmp_path)
+    out = done.output
     assert done.returncode == 0, out[-2000:]
     assert len([line for line in out.splitlines() if line.startswith("feedrate:")]) == 1
     settled = re.findall(r"rank (\d) on (.+), told (.+) after (.+) s", out)

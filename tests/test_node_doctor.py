@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from feedrate.results.ranks import RankFacts
 from feedrate.workflows import doctor_node
 from feedrate.workflows.doctor_node import NODE_CHECKS, meet, on_the_node
 
+from jobs import run_job
 from pipelines import ShardedStream, SleepDataset
 
 GiB = 2**30
@@ -307,14 +307,7 @@ def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    done = subprocess.run(
-        [*run, "2", "job.py", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=240,
-    )
+    done = run_job([*run, "2", "job.py", str(tmp_path)], timeout_s=240, env=env, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     reports = [
         Report.from_json((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)
@@ -372,14 +365,7 @@ def test_a_rank_that_is_absent_or_dies_fails_the_node_step_soon(tmp_path: Path, 
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    done = subprocess.run(
-        [*run, "2", "lost.py", str(tmp_path), how],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=240,
-    )
+    done = run_job([*run, "2", "lost.py", str(tmp_path), how], timeout_s=240, env=env, cwd=tmp_path)
     said = [line for line in done.stdout.splitlines() if " after " in line]
     assert len(said) == 1 and said[0].startswith("failed after "), (done.stdout + done.stderr)[
         -3000:

@@ -34,6 +34,7 @@ from feedrate.results.spread import Spread
 from feedrate.search.ranks import slowest
 
 from faults import default_signals
+from jobs import run_job
 from pipelines import SleepDataset, TinyDataset, UnshardedStream
 
 TESTS = Path(__file__).resolve().parent
@@ -219,10 +220,8 @@ def _two_ranks(tmp_path: Path, *args: str) -> tuple[int, str]:
     300 s: its exit code and all it said."""
     (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
     run = [sys.executable, "-m", "feedrate", *args, "--nproc-per-node", "2"]
-    done = subprocess.run(
-        run, capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300
-    )
-    return done.returncode, done.stdout + done.stderr
+    done = run_job(run, timeout_s=300, env=_env(tmp_path), cwd=tmp_path)
+    return done.returncode, done.output
 
 
 def _left_behind(marker: str) -> list[psutil.Process]:

@@ -1,0 +1,97 @@
+"""Jobs of several processes (torchrun, ``--nproc-per-node``) run by the tests, bounded.
+
+A job that does not end in time is asked for every thread's Python stack before it is killed:
+it runs with ``PYTHONFAULTHANDLER=1``, so a SIGABRT to its processes (launcher, ranks and their
+DataLoader workers, all in a session of the job's own) prints where each one waits, even one
+blocked in C, into the output the test fails with. A hang seen once on a CI machine is then a
+stack to read, not "it did not end"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+#: Seconds the stacks are given to be written, after the SIGABRT, before the job is killed.
+DUMP_S = 10.0
+
+
+@dataclass
+class Done:
+    """What a job did: its exit status, all it printed (stdout, then stderr), its seconds."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def _members(session: int, marker: str | None) -> list[psutil.Process]:
+    """The job's processes: its session's, and any found by ``marker`` in their command line
+    (processes that made sessions of their own)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if os.getsid(p.pid) == session or (
+                marker is not None and any(marker in part for part in p.info["cmdline"] or [])
+            ):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    return found
+
+
+def _signal(procs: list[psutil.Process], sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+
+
+def run_job(
+    args: Sequence[str],
+    *,
+    timeout_s: float,
+    env: dict[str, str],
+    cwd: Path,
+    marker: str | None = None,
+    merge: bool = False,
+) -> Done:
+    """Run ``args`` in a session of its own within ``timeout_s``; past it, every process of
+    the job prints its stacks, is killed, and the test fails with them. ``merge``: stderr
+    into stdout, in the order printed."""
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        list(args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+        text=True,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _signal(_members(proc.pid, marker), signal.SIGABRT)  # faulthandler: every stack
+        try:
+            out, err = proc.communicate(timeout=DUMP_S)
+        except subprocess.TimeoutExpired:
+            _signal(_members(proc.pid, marker), signal.SIGKILL)
+            out, err = proc.communicate()
+        _signal(_members(proc.pid, marker), signal.SIGKILL)  # any left
+        said = (out or "") + (err or "")
+        pytest.fail(f"the job did not end within {timeout_s:g} s; its stacks:\n{said[-40000:]}")
+    return Done(proc.returncode, out or "", err or "", time.monotonic() - began)
