@@ -19,7 +19,9 @@ from feedrate.autotuning import lanes
 from feedrate.autotuning.lanes import Lane
 from feedrate.autotuning.loader import AutoLoader
 from feedrate.errors import UserError
-from feedrate.search.tuner import RETUNE_STALL, WATCH_S
+from feedrate.loader.config import LoaderConfig
+from feedrate.search.actions import Action, Try
+from feedrate.search.tuner import RETUNE_STALL, WATCH_S, OnlineTuner
 
 from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset, UnshardedStream
 
@@ -396,3 +398,37 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
     assert same(want, got)
     assert any("/dev/shm" in (t.error or "") for t in report.trials), report
     assert any(e.what.startswith("stay on") for e in report.events), report
+
+
+def test_measuring_the_configuration_in_use_again_keeps_its_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Near-tied leaders are measured again in turn; where the one to measure again is the one
+    # running, its trial goes on on the lane in use: no new workers (72 of them took 6 s to
+    # start on 2 busy CPUs), and every batch still comes once, in order.
+    starts: list[LoaderConfig] = []
+    real_start = Lane.start
+
+    def start(self: Lane, stream: Any, *, keep: bool = False) -> None:
+        starts.append(self.config)
+        real_start(self, stream, keep=keep)
+
+    again: list[LoaderConfig] = []
+    real_next = OnlineTuner._next
+
+    def first_again(self: OnlineTuner, spent: bool) -> Action:
+        if not again:  # the first conclusion: the configuration in use, measured again
+            again.append(self.config)
+            return Try(self.config, "measured again (test)")
+        return real_next(self, spent)
+
+    monkeypatch.setattr(Lane, "start", start)
+    monkeypatch.setattr(OnlineTuner, "_next", first_again)
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(3))  # noqa: E731
+    want = epochs(make(), 1)
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = epochs(auto, 1, step_s=0.004)
+        report = auto.report()
+    assert same(want, got)
+    assert again and [t.config for t in report.trials[:2]] == [again[0], again[0]], report
+    assert starts[:2] != [again[0], again[0]], starts  # its lane went on

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -30,11 +28,13 @@ from feedrate.distributed.channel import Channel, RankError, failure
 from feedrate.distributed.group import Ranks
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
+from feedrate.search.actions import Settle, Try
 from feedrate.search.job_trial import job_figures, job_stall, job_trial, rank_figures
 from feedrate.search.online_trial import TRIAL_S, TrialTiming
 from feedrate.search.space import Space
-from feedrate.search.tuner import RETUNE_WINDOWS, WATCH_BATCHES, OnlineTuner, Settle, Try
+from feedrate.search.tuner import RETUNE_WINDOWS, WATCH_BATCHES, OnlineTuner
 
+from jobs import run_job
 from pipelines import SleepDataset
 
 ONE = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True)
@@ -59,8 +59,10 @@ def test_the_job_runs_at_its_slowest_rank_and_stalls_as_its_worst() -> None:
 def test_the_job_s_other_ranks_are_not_other_processes() -> None:
     fast = replace(trial(900.0, 0.0), main_cpu=0.3, workers_cpu=0.5, system_busy_cpus=1.9)
     slow = replace(trial(600.0, 0.0), main_cpu=0.2, workers_cpu=0.6, system_busy_cpus=1.8)
-    fast, slow = replace(fast, shm_peak_bytes=4096), replace(slow, shm_peak_bytes=1024)
+    fast = replace(fast, shm_peak_bytes=4096, startup_s=2.5)
+    slow = replace(slow, shm_peak_bytes=1024, startup_s=0.5)
     job = job_trial([fast, slow])
+    assert job.startup_s == 2.5  # a lane's start holds every rank as long as the slowest's
     # What the faster rank used (0.8 CPUs) is the job's own load, not another process's.
     assert job.system_busy_cpus == pytest.approx(1.9 - 0.8)
     assert job.shm_peak_bytes == 4096  # the largest any rank held in flight
@@ -321,37 +323,19 @@ dist.destroy_process_group()
 
 def torchrun(tmp_path: Path, mode: str, timeout_s: float = 100) -> tuple[int, str, float]:
     """Run the script as 2 ranks; its exit status, output and seconds. Under the suite's own
-    per-test timeout; on a hang the whole process group is killed, and no process of it may be
-    left either way."""
+    per-test timeout; on a hang every process prints its stacks and is killed (``jobs``), and
+    no process of it may be left either way."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(n=N, batch=BATCH), encoding="utf-8")
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tests)}
     marker = f"feedrate-ddp-{mode}-{os.getpid()}-{time.monotonic_ns()}"
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    began = time.monotonic()
-    proc = subprocess.Popen(
-        [*run, str(script), mode, str(tmp_path), marker],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        for p in psutil.process_iter(["cmdline"]):  # ranks in sessions of their own, if any
-            if marker in (p.info["cmdline"] or []):
-                p.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"the job did not end within {timeout_s} s:\n{out[-3000:]}")
-    took = time.monotonic() - began
+    args = [*run, str(script), mode, str(tmp_path), marker]
+    done = run_job(args, timeout_s=timeout_s, env=env, cwd=tmp_path, marker=marker, merge=True)
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert left == [], f"processes left behind: {left}"
-    return proc.returncode, out, took
+    return done.returncode, done.stdout, done.seconds
 
 
 def test_two_ranks_keep_their_shard_order_and_switch_together(tmp_path: Path) -> None:

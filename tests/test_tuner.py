@@ -16,6 +16,7 @@ from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial, probe_fields
+from feedrate.search.actions import CheckThreads, Settle, Try
 from feedrate.search.online_trial import (
     BEHIND,
     TRIAL_BATCHES,
@@ -27,15 +28,7 @@ from feedrate.search.online_trial import (
 from feedrate.search.plan import next_trial
 from feedrate.search.propose import propose_online
 from feedrate.search.space import RESOLVED_REPEATS, Proposal, Space
-from feedrate.search.tuner import (
-    RETUNE_STALL,
-    WATCH_BATCHES,
-    CheckThreads,
-    OnlineTuner,
-    Settle,
-    Try,
-    online,
-)
+from feedrate.search.tuner import RETUNE_STALL, WATCH_BATCHES, OnlineTuner, online
 
 MiB = 2**20
 
@@ -555,16 +548,25 @@ def test_an_epoch_timed_whole_counts_its_iter() -> None:
 
 
 def run_online(
-    tuner: OnlineTuner, rate: Callable[[LoaderConfig], float], *, limit: int = 40
+    tuner: OnlineTuner,
+    rate: Callable[[LoaderConfig], float],
+    *,
+    limit: int = 40,
+    epoch: int | None = None,
+    start_s: float = 0.0,
 ) -> Settle:
     """Drive ``tuner`` through its trials in a loop it never feeds (a do-nothing loop), the
     pipeline making ``rate(config)`` samples/s in 16-sample batches, each window of a trial
-    20% off that pace one way or the other (a noisy machine); the Settle it ends on."""
-    now = 0.0
+    20% off that pace one way or the other (a noisy machine); the Settle it ends on. Each
+    trial runs from an ``epoch``'s start (batches; None: unknown), a lane of new workers
+    taking ``start_s`` to start."""
+    now, running = 0.0, None
     action: object = None
     for _ in range(limit):
-        tuner.new_epoch(None)
-        tuner.lane_started(now)
+        tuner.new_epoch(epoch)
+        fresh = tuner.config != running
+        running = tuner.config
+        tuner.lane_started(now, fresh, start_s if fresh else 0.0)
         trial = tuner.trial
         assert trial is not None
         cfg, n = trial.config, 0
@@ -610,6 +612,30 @@ def test_near_ties_within_the_floor_are_not_measured_again() -> None:
     settle = run_online(tuner, lambda c: workers_rate(c.num_workers, 1.01))
     assert settle.config.num_workers == 4
     assert not [e for e in tuner.report.events if "measured again" in e.why]
+
+
+@pytest.mark.parametrize(("epoch", "repeats"), [(200, False), (20_000, True)])
+def test_near_ties_are_measured_again_where_finding_out_pays_for_the_workers_start(
+    epoch: int, repeats: bool
+) -> None:
+    # As above (8 workers 10% ahead of 4, noisy), but a lane of new workers holds the loop
+    # 20 s while it starts. In epochs of 200 batches (about 30 s) a gap within the noise is
+    # worth a few seconds an epoch: the answer stands without a repeat, and the report says
+    # why. In epochs of 20,000 (about 50 min) finding out pays: measured again, 8 stands.
+    start = online(LoaderConfig(4))
+    space = Space(cpus=4, baseline=start, max_workers=8, consumer=True)
+    tuner = OnlineTuner(space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1)
+    settle = run_online(
+        tuner, lambda c: workers_rate(c.num_workers, 1.1), epoch=epoch, start_s=20.0
+    )
+    again = [e for e in tuner.report.events if "measured again" in e.why]
+    skipped = [e for e in tuner.report.events if e.what.startswith("not measured again")]
+    if repeats:
+        assert again and not skipped and settle.config.num_workers == 8, tuner.report.events
+    else:
+        assert not again and len(skipped) == 1, tuner.report.events
+        assert "start holds the loop 20.0 s" in skipped[0].why
+        assert all(t.repeats == 1 for t in tuner.trials)
 
 
 def test_a_trial_at_the_epochs_end_needs_a_round_more_than_the_queue() -> None:

@@ -4,6 +4,7 @@ configuration) to the next, so every batch of the epoch is yielded exactly once,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -104,11 +105,20 @@ class Lane:
             # Worker seeds from the epoch's own draw; the user's generator is left alone.
             self.loader.generator = torch.Generator().manual_seed(seed)
         self.it: Any = None
+        self.start_s = 0.0
 
     def start(self, stream: Stream | None, *, keep: bool = False) -> None:
         """Start iterating; with a stream, on its next batches. Should the workers fail to
         start, the batches this lane took go back to the stream; with ``keep`` it goes on
-        recording them until ``kept`` (or ``give_back``) says whether it stays."""
+        recording them until ``kept`` (or ``give_back``) says whether it stays. ``start_s``:
+        how long it held the loop (new workers start here)."""
+        began = time.perf_counter()
+        try:
+            self._start(stream, keep)
+        finally:
+            self.start_s = time.perf_counter() - began
+
+    def _start(self, stream: Stream | None, keep: bool) -> None:
         if self.feed is None or stream is None:
             with quiet_worker_count_warning():
                 self.it = iter(self.loader)

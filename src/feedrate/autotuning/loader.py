@@ -49,8 +49,9 @@ from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import thread_safety
 from feedrate.measuring.runqueue import Marks, Queued, wait_and_step
 from feedrate.results.autotune import AutotuneReport
+from feedrate.search.actions import Action, CheckThreads, Settle
 from feedrate.search.space import Proposal
-from feedrate.search.tuner import BUDGET_S, Action, CheckThreads, OnlineTuner, Settle
+from feedrate.search.tuner import BUDGET_S, OnlineTuner
 
 
 class AutoLoader(delegation.Surface):
@@ -267,8 +268,7 @@ class AutoLoader(delegation.Surface):
 
     def _epoch_end(self) -> None:
         trial = self._tuner.trial
-        # With other ranks: every rank's trial started at the same batch; whether each measured
-        # enough is for the call to say (a stream's epochs may differ in length by rank).
+        # Ranks' trials start at the same batch; if each measured enough, the call says.
         ranked = self._job is not None and trial is not None and trial.started
         if ranked or (self._job is None and trial is not None and trial.epoch_done()):
             proposal = self._decide()
@@ -298,12 +298,14 @@ class AutoLoader(delegation.Surface):
         if isinstance(action, Settle):
             save(self._cache_key, action.config, action.stall)
             return None if action.config == self._tuner.config else (action.config, "settled")
+        if action.config == self._tuner.config:  # measured again on its lane: no new workers
+            self._tuner.again_here(action, self._clock())
+            return None
         return action.config, action.why
 
     def _switch_later(self, lane: Lane, stream: Stream) -> Lane | None:
         """At a trial's end: the next lane (on the indices after this one's, drained first)."""
-        proposal = self._decide(stream.taken)
-        if proposal is None:
+        if (proposal := self._decide(stream.taken)) is None:
             return None
         if self._job is not None:  # at the same batch on every rank
             seed = self._seed + len(self._tuner.trials)
@@ -320,11 +322,10 @@ class AutoLoader(delegation.Surface):
         except Exception as exc:  # workers that cannot start (memory, /dev/shm, files)
             nxt.close()
             lane.thaw()
-            now = self._clock()
-            self._tuner.move_failed(*proposal, str(exc), now)
+            self._tuner.move_failed(*proposal, str(exc), now := self._clock())
             self._follow(lane, now)
             return None
-        self._tuner.moved(*proposal, drain=True)
+        self._tuner.moved(*proposal, drain=True, start_s=nxt.start_s)
         return nxt
 
     def _take_next(self, lane: Lane) -> Lane:
@@ -333,8 +334,7 @@ class AutoLoader(delegation.Surface):
         assert nxt is not None
         lane.close()
         self._lane, self._next = nxt, None
-        now = self._clock()
-        self._tuner.switched(now)
+        self._tuner.switched(now := self._clock())
         self._follow(nxt, now)
         return nxt
 

@@ -34,9 +34,10 @@ from feedrate.distributed import group
 from feedrate.distributed.channel import Channel, RankError, failed, failure
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
+from feedrate.search.actions import Action
 from feedrate.search.job_trial import JobFigures, job_figures, job_stall, rank_figures
 from feedrate.search.space import Proposal
-from feedrate.search.tuner import Action, OnlineTuner
+from feedrate.search.tuner import OnlineTuner
 
 #: How long a rank waits for the others at one of autotune's calls (s): they come at the same
 #: batch, so this covers a rank's lag (a step, a lane's start, the thread-safety check).
@@ -168,7 +169,7 @@ class Job:
             raise
         if failed_on is None:
             nxt.stays()
-            tuner.moved(*proposal, drain=True)
+            tuner.moved(*proposal, drain=True, start_s=nxt.start_s)
             return nxt
         if error is None:
             nxt.give_back(stream)

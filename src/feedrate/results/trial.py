@@ -79,6 +79,7 @@ class Trial:
             return
         self.spread = self.spread.merged(again.spread)
         self.samples_per_s = (self.samples_per_s + again.samples_per_s) / 2
+        self.startup_s = max(self.startup_s, again.startup_s)  # what a start may cost
         if self.rank_rates is not None and again.rank_rates is not None:
             self.rank_rates = [
                 (a + b) / 2 for a, b in zip(self.rank_rates, again.rank_rates, strict=False)

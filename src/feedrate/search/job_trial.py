@@ -45,8 +45,9 @@ def rank_figures(
 
 def job_trial(trials: list[Trial]) -> Trial:
     """The job's trial: the slowest rank's (its spread and processes), with the largest stall
-    any rank saw, every rank's rate in ``rank_rates``, and, as tune reads its trials
-    (``search.ranks``), the busy CPUs less the other ranks' own and the largest /dev/shm."""
+    any rank saw, the longest start-up, every rank's rate in ``rank_rates``, and, as tune reads
+    its trials (``search.ranks``), the busy CPUs less the other ranks' own and the largest
+    /dev/shm."""
     rates = [t.samples_per_s for t in trials]
     slow = slowest_rank(rates)
     stalls = [t.stall_fraction for t in trials if t.stall_fraction is not None]
@@ -56,6 +57,7 @@ def job_trial(trials: list[Trial]) -> Trial:
     return replace(
         trials[slow],
         stall_fraction=max(stalls) if stalls else None,
+        startup_s=max(t.startup_s for t in trials),
         rank_rates=rates,
         system_busy_cpus=trials[slow].system_busy_cpus if busy is None else busy,
         shm_peak_bytes=trials[slow].shm_peak_bytes if shm is None else shm,

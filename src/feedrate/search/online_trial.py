@@ -102,6 +102,7 @@ class TrialTiming:
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
     rival: float | None = None  # samples/s of the fastest trial so far, where there is one
     from_switch: bool = False  # began at a switch within an epoch (a lane started meanwhile)
+    startup_s: float = 0.0  # the loop was held this long while its lane's workers started
     #: Timed whole: per measured epoch, the batch it began at (of the measured ones) and the
     #: seconds its ``iter()`` took before the lane ran (workers resumed or started), which
     #: every epoch pays, as a static measurement counts.
@@ -265,6 +266,7 @@ class TrialTiming:
                 span=True,  # judged on what it delivered: see Spread
             ),
             stall_fraction=stall,
+            startup_s=self.startup_s,
             batch_bytes=self.batch_bytes,
             **(probe_fields(processes) if processes is not None else {}),
         )

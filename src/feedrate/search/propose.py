@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
 from feedrate.search.space import (
     NOISE_FLOOR,
@@ -98,9 +99,26 @@ def unresolved(space: Space, trials: list[Trial]) -> tuple[Trial, str] | None:
         return None
     if space.consumer and any(covers(t) for t in measured):
         return None  # the answer is the cheapest that keeps the consumer fed
-    if top.median <= pick.median * (1 + NOISE_FLOOR):
+    if _gap(top, pick) <= NOISE_FLOOR:
         return None  # the gap is within the floor: the cheaper one is as good
     behind = min((pick, top), key=lambda t: t.repeats)
     if behind.repeats >= RESOLVED_REPEATS:
         return None
     return behind, f"measured again: within the noise of {top.config.label()}, the fastest"
+
+
+def repeat_costs(
+    space: Space, trials: list[Trial], again: Trial, running: LoaderConfig, horizon_s: float
+) -> tuple[float, float]:
+    """While training runs: what measuring ``again`` again costs, and what finding out could
+    save over ``horizon_s`` (s). A repeat of a configuration not ``running`` starts its workers
+    anew, holding the loop for its ``startup_s``; the answer it may change is at most the gap
+    between the fastest and ``choose``'s answer slower (the 32, 52 and 72 workers of a remote
+    pipeline, near-tied, cost 2 to 6 s a start for a gap worth under a second an epoch)."""
+    top, pick = fastest(eligible(space, trials)), choose(space, trials)
+    gap = _gap(top, pick) if top is not None and pick is not None else 0.0
+    return (0.0 if again.config == running else again.startup_s), gap * horizon_s
+
+
+def _gap(top: Trial, pick: Trial) -> float:
+    return top.median / pick.median - 1 if pick.median > 0 else 0.0

@@ -11,7 +11,7 @@ conclusion into the next step (``next_trial`` over ``propose_online``: configura
 predicted over a budget skipped, the round's ``budget_s``, settling with ``choose``), the watch
 windows once settled with the re-tune trigger, and the events that say why.
 
-What needs the machine comes back as an action for the caller: ``CheckThreads`` (run the
+What needs the machine comes back as an action (``search.actions``): ``CheckThreads`` (run the
 dataset on threads, hand the verdict to ``threads_checked``), ``Try`` and ``Settle`` (move to a
 configuration; ``moved``, ``move_failed`` and ``switched`` say how it went; a ``Settle`` is
 also what to remember for the next run).
@@ -28,9 +28,10 @@ from feedrate.results.autotune import AutotuneReport, Event
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
 from feedrate.results.trial import Trial
+from feedrate.search.actions import Action, CheckThreads, Settle, Try
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
-from feedrate.search.propose import choose, propose_online, unresolved
+from feedrate.search.propose import choose, propose_online, repeat_costs, unresolved
 from feedrate.search.space import STALL_MARGIN, Space, covers, eligible, fastest
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
@@ -69,34 +70,6 @@ class Watch:
         return stall
 
 
-@dataclass(frozen=True)
-class Try:
-    """Measure ``config`` next, for ``why``."""
-
-    config: LoaderConfig
-    why: str
-
-
-@dataclass(frozen=True)
-class Settle:
-    """Settled on ``config``, which leaves the loop ``stall`` of its time waiting: keep it (the
-    next run starts there) and move to it if it is not the one in use."""
-
-    config: LoaderConfig
-    stall: float
-
-
-@dataclass(frozen=True)
-class CheckThreads:
-    """Run the thread-safety check with ``threads`` threads; pass the verdict to
-    ``threads_checked``."""
-
-    threads: int
-
-
-Action = Try | Settle | CheckThreads
-
-
 def online(cfg: LoaderConfig) -> LoaderConfig:
     """A configuration as autotune runs it: lanes keep their workers between epochs."""
     return replace(cfg, persistent_workers=cfg.num_workers > 0)
@@ -125,7 +98,7 @@ class OnlineTuner:
         self.space = replace(space, baseline=start)
         self.counted = counted
         self._least = 0  # batches a trial measures at least: TRIAL_S at the job's last pace
-        self._batch_s: float | None = None  # the job's seconds per batch in the last trial
+        self._batch_s: float | None = None  # seconds per batch in the last trial (the job's)
         self._spent = False  # the round's budget was spent at the last conclusion (counted)
         self._epoch_length: int | None = None
         self.rate, self.budget_s = rate, budget_s
@@ -184,6 +157,7 @@ class OnlineTuner:
         warm = not (fresh or self.counted or trial.whole_epoch) and trial.measured > 0
         warmup = 0 if warm else self._warmup(cfg)
         self.trial = self._timing(cfg, trial.reason, warmup, fresh)
+        self.trial.startup_s = lead_s if fresh else 0.0
         self.trial.start(now, lead_s)
 
     def observe(
@@ -246,7 +220,7 @@ class OnlineTuner:
         if self._round_began is None:
             self._round_began = trial.began
         self._record(trial.result(self.rate, processes))
-        self.trial = None
+        self.trial, self._batch_s = None, trial.seconds_per_batch()
         return self._next(self._spent_at(now))
 
     def conclude_job(self, trial: Trial, spent_s: float, batch_s: float | None) -> Action:
@@ -274,16 +248,24 @@ class OnlineTuner:
             self._event("no threads", check.reason())
         return self._next(self._spent if self.counted else self._spent_at(now))
 
-    def moved(self, config: LoaderConfig, why: str, *, drain: bool) -> None:
+    def moved(self, config: LoaderConfig, why: str, *, drain: bool, start_s: float = 0.0) -> None:
         """The caller moved to ``config`` (a ``Try``'s or a ``Settle``'s): with ``drain`` a
-        lane of it started and takes over once the lane in use drains (``switched``); else it
-        runs from the next epoch."""
+        lane of it started (holding the loop ``start_s``) and takes over once the lane in use
+        drains (``switched``); else it runs from the next epoch."""
         self.report.config = config
         trial = None if self.report.settled else self._timing(config, why, self._warmup(config))
+        if trial is not None:
+            trial.startup_s = start_s
         if drain:
             self.pending = trial
         else:
             self.trial = trial
+
+    def again_here(self, action: Try, now: float) -> None:
+        """``action`` measures the configuration in use again: its trial starts at ``now`` on
+        the lane running (no new workers, no drain)."""
+        self.moved(action.config, action.why, drain=True)
+        self.switched(now)
 
     def move_failed(self, config: LoaderConfig, why: str, error: str, now: float) -> None:
         """A lane of ``config`` could not start (memory, /dev/shm, open files): recorded, and
@@ -339,13 +321,30 @@ class OnlineTuner:
             return Try(step.config, step.why)
         if step.action == "budget_spent":
             self._event("stop trying", f"budget_s={self.budget_s:g} s of trials spent")
-        elif not spent and (again := unresolved(self.space, self.trials)) is not None:
+        elif not spent and (again := self._unresolved()) is not None:
             # Near-tied leaders: measured again, in turn, until the gap is resolved.
             behind, why = again
             self._again = behind
             self._event(f"try {behind.config.label()}", why)
             return Try(behind.config, why)
         return self._settle()
+
+    def _unresolved(self) -> tuple[Trial, str] | None:
+        """Near-tied leaders to measure again (``unresolved``), where the epoch's length is
+        known only while finding out may save more over an epoch at the last trial's pace than
+        the repeat's start of workers costs (``repeat_costs``)."""
+        again, n, pace = unresolved(self.space, self.trials), self._epoch_length, self._batch_s
+        if again is None or n is None or pace is None:
+            return again
+        cost, worth = repeat_costs(self.space, self.trials, again[0], self.config, n * pace)
+        if cost <= worth:
+            return again
+        self._event(
+            f"not measured again: {again[0].config.label()}",
+            f"its workers' start holds the loop {cost:.1f} s; a gap within the noise is worth "
+            f"{worth:.1f} s an epoch",
+        )
+        return None
 
     def _settle(self) -> Settle:
         best = choose(self.space, self.trials) or self.trials[-1]
