@@ -687,7 +687,7 @@ def test_a_trial_short_at_an_epochs_end_starts_over_from_the_next_epochs_start()
         space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 192
     )
     tuner.new_epoch(256)
-    tuner.lane_started(0.0, True, 0.0)
+    tuner.lane_started(0.0, True, 3.0)  # its 64 workers took 3 s to start
     first = tuner.trial
     assert first is not None and not first.whole_epoch and first.warmup == 192
     now = 0.0
@@ -705,5 +705,7 @@ def test_a_trial_short_at_an_epochs_end_starts_over_from_the_next_epochs_start()
         now += wait
         tuner.observe(4, wait, 0.0, now)
     tuner.conclude(now, None)
-    # The pipeline's pace (64 batches of 4 a 0.64 s round: 400 samples/s), not the burst's.
+    # The pipeline's pace (64 batches of 4 a 0.64 s round: 400 samples/s), not the burst's;
+    # and what its start cost, which a repeat would pay again, though measured from a later epoch.
     assert tuner.trials[-1].samples_per_s == pytest.approx(400, rel=0.02)
+    assert tuner.trials[-1].startup_s == 3.0

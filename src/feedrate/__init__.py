@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from feedrate.autotuning.loader import AutoLoader, autotune
+    from feedrate.autotuning.api import autotune
+    from feedrate.autotuning.loader import AutoLoader
     from feedrate.errors import (
         FeedrateError,
         PipelineError,
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 # tests/test_api.py holds the two to agreement.
 _LAZY = {
     "AutoLoader": ("autotuning.loader", "AutoLoader"),
-    "autotune": ("autotuning.loader", "autotune"),
+    "autotune": ("autotuning.api", "autotune"),
     "LoaderConfig": ("loader.config", "LoaderConfig"),
     "allow_many_workers": ("loader.rebuild", "allow_many_workers"),
     "config_of": ("loader.rebuild", "config_of"),

@@ -5,7 +5,7 @@ configuration) to the next, so every batch of the epoch is yielded exactly once,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -90,12 +90,18 @@ class Feed(Sampler[list[Any]]):
 
 
 class Lane:
-    """One configuration's DataLoader (persistent workers, reused across epochs) and feed."""
+    """One configuration's DataLoader (persistent workers, reused across epochs) and feed;
+    ``clock``: the caller's, which times its start."""
 
     def __init__(
-        self, user: DataLoader[Any], config: LoaderConfig, split: bool, seed: int | None
+        self,
+        user: DataLoader[Any],
+        config: LoaderConfig,
+        split: bool,
+        seed: int | None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.config = config
+        self.config, self._clock = config, clock
         self.feed = Feed() if split else None
         persistent = replace(config, persistent_workers=config.num_workers > 0)
         # allow_many_workers: DataLoader's warning, which iter() of a generator __iter__ (a
@@ -112,11 +118,11 @@ class Lane:
         start, the batches this lane took go back to the stream; with ``keep`` it goes on
         recording them until ``kept`` (or ``give_back``) says whether it stays. ``start_s``:
         how long it held the loop (new workers start here)."""
-        began = time.perf_counter()
+        began = self._clock()
         try:
             self._start(stream, keep)
         finally:
-            self.start_s = time.perf_counter() - began
+            self.start_s = self._clock() - began
 
     def _start(self, stream: Stream | None, keep: bool) -> None:
         if self.feed is None or stream is None:

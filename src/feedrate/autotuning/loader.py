@@ -36,11 +36,10 @@ from feedrate.autotuning import delegation
 from feedrate.autotuning.lanes import Lane, Stream
 from feedrate.autotuning.probing import TrialProbe
 from feedrate.autotuning.ranked import Job, local_ranks
-from feedrate.autotuning.start import Start, check_arguments, save, starting_point, tuner_for
+from feedrate.autotuning.start import Start, save, starting_point, tuner_for
 from feedrate.distributed import group
 from feedrate.distributed.channel import RankError
 from feedrate.distributed.node import pinned_apart, share
-from feedrate.errors import UserError
 from feedrate.loader import libraries
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.config import LoaderConfig
@@ -249,7 +248,7 @@ class AutoLoader(delegation.Surface):
             if lane is not None:
                 lane.close()
             seed = self._seed if self._split else None
-            lane = self._lane = Lane(self._user, cfg, self._split, seed)
+            lane = self._lane = Lane(self._user, cfg, self._split, seed, self._clock)
         delegation.resume(lane.loader, self._resume)
         self._resume = None
         called = self._clock()
@@ -298,8 +297,9 @@ class AutoLoader(delegation.Surface):
         if isinstance(action, Settle):
             save(self._cache_key, action.config, action.stall)
             return None if action.config == self._tuner.config else (action.config, "settled")
-        if action.config == self._tuner.config:  # measured again on its lane: no new workers
-            self._tuner.again_here(action, self._clock())
+        if action.config == self._tuner.config and self._lane is not None:  # on its lane
+            self._tuner.again_here(action, now := self._clock())  # no new workers
+            self._follow(self._lane, now)
             return None
         return action.config, action.why
 
@@ -307,15 +307,15 @@ class AutoLoader(delegation.Surface):
         """At a trial's end: the next lane (on the indices after this one's, drained first)."""
         if (proposal := self._decide(stream.taken)) is None:
             return None
+        seed = self._seed + len(self._tuner.trials)
+        make = partial(Lane, self._user, proposal[0], True, seed, self._clock)
         if self._job is not None:  # at the same batch on every rank
-            seed = self._seed + len(self._tuner.trials)
-            make = lambda: Lane(self._user, proposal[0], True, seed)  # noqa: E731
             at, clock = self._switch_at, self._clock
             nxt = self._job.switch(self._tuner, lane, stream, proposal, at, make, clock)
             if nxt is None:
                 self._follow(lane, self._clock())
             return nxt
-        nxt = Lane(self._user, proposal[0], True, self._seed + len(self._tuner.trials))
+        nxt = make()
         lane.freeze()  # from here on the stream's batches are the next lane's
         try:
             nxt.start(stream)
@@ -340,61 +340,3 @@ class AutoLoader(delegation.Surface):
 
     def _follow(self, lane: Lane, now: float) -> None:
         self._probe.follow(self._tuner.trial, lane.it, now)
-
-
-def autotune(
-    loader: DataLoader[Any] | Any,
-    *,
-    rate: float | None = None,
-    budget_s: float = BUDGET_S,
-    max_workers: int | None = None,
-    allow_threads: bool = False,
-    cache: bool = True,
-    machine: MachineFacts | None = None,
-    coordinate: bool | None = None,
-) -> AutoLoader:
-    """Wrap ``loader`` so it tunes its own settings while the training loop iterates it.
-
-    Use it where the loader was: ``for batch in feedrate.autotune(loader): ...``. It yields the
-    same batches in the same order (map-style datasets), tries a few configurations on stretches
-    of the first epoch, keeps the cheapest that removes the data stall of *this* loop, remembers
-    it in the cache shared with ``tune`` (the next run starts there), and tunes again if the
-    stall comes back. ``allow_threads`` lets it fetch on threads inside workers (a thread-safe
-    ``__getitem__`` is needed). ``.config`` is the settings in use, ``.report()`` what it tried.
-
-    ``rate``: the samples/s your loop will take at its fastest, if known (after compilation): a
-    configuration then feeds the loop only if it also delivered that rate (the report says
-    when a slower loop limited the answer). ``budget_s``: training seconds one round of tuning
-    may spend on trials; once spent, it settles on the best configuration so far.
-
-    ``loader`` may be webdataset's ``WebLoader`` (its DataLoader is tuned, its stages run after
-    it). ``state_dict``/``load_state_dict`` are a streaming loader's (litdata's, MosaicML's).
-
-    In a distributed job (``torch.distributed`` initialized with several ranks when the loop
-    first iterates), call it in every rank: the ranks meet at that first iteration (so every
-    rank must iterate its loader at the same point, as training does), start from rank 0's
-    settings, switch together at the same batches on the figures of every rank, and keep
-    their own shard's order; each decides within its share of the node, only rank 0 writes the
-    cache. ``coordinate=False`` tunes this process alone (a loader only one rank iterates).
-    ``close()`` (or ``with``) ends the workers and the channel to the other ranks.
-    """
-    webloader = libraries.webloader_parts(loader)
-    inner = loader if webloader is None else webloader[0]
-    if not isinstance(inner, DataLoader):
-        raise UserError(
-            f"autotune() takes a torch.utils.data.DataLoader, got {type(loader).__name__}"
-        )
-    check_arguments(max_workers=max_workers, rate=rate, budget_s=budget_s)
-    auto = AutoLoader(
-        inner,
-        max_workers=max_workers,
-        allow_threads=allow_threads,
-        use_cache=cache,
-        machine=machine,
-        rate=None if rate is None else float(rate),
-        budget_s=float(budget_s),
-        coordinate=coordinate,
-    )
-    if webloader is not None:  # wds.WebLoader: tune its DataLoader, keep the stages after it
-        auto._pipeline = delegation.around(loader, auto._epoch)
-    return auto

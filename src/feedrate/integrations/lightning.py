@@ -25,7 +25,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
-from feedrate.autotuning.loader import AutoLoader, autotune
+from feedrate.autotuning.api import autotune
+from feedrate.autotuning.loader import AutoLoader
 from feedrate.errors import UserError
 from feedrate.integrations.shared import evidence, in_words, share_cpus, tune_shared
 from feedrate.loader.config import LoaderConfig

@@ -40,7 +40,7 @@ def _tuned_epoch(
         if watch.autotune is not None or not torch.is_grad_enabled():
             return None  # autotune refused it before, or an evaluation loop
         try:
-            from feedrate.autotuning.loader import autotune
+            from feedrate.autotuning.api import autotune
             from feedrate.loader.rebuild import rebuild
 
             rebuild(loader, watch.config)  # autotune's trial loaders are rebuilt: can they be?

@@ -157,7 +157,7 @@ class OnlineTuner:
         warm = not (fresh or self.counted or trial.whole_epoch) and trial.measured > 0
         warmup = 0 if warm else self._warmup(cfg)
         self.trial = self._timing(cfg, trial.reason, warmup, fresh)
-        self.trial.startup_s = lead_s if fresh else 0.0
+        self.trial.startup_s = lead_s if fresh else trial.startup_s  # what its start cost
         self.trial.start(now, lead_s)
 
     def observe(
