@@ -20,6 +20,7 @@ from feedrate.autotuning.lanes import Lane
 from feedrate.autotuning.loader import AutoLoader
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
+from feedrate.results.autotune import AutotuneReport
 from feedrate.search.actions import Action, Try
 from feedrate.search.tuner import RETUNE_STALL, WATCH_S, OnlineTuner
 
@@ -61,6 +62,18 @@ SLOW = SleepDataset(1000, sleep_s=0.003)
 
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def same_epoch_tuned(seed: int) -> AutotuneReport:
+    """One epoch of ``SLOW`` under autotune (a 4 ms step): the same batches as the plain
+    loader's, in order (asserted); what autotune reports."""
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(seed))  # noqa: E731
+    want = epochs(make(), 1)
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = epochs(auto, 1, step_s=0.004)
+        report = auto.report()
+    assert same(want, got)
+    return report
 
 
 @pytest.mark.parametrize(
@@ -390,12 +403,7 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
 
     monkeypatch.setattr(lanes, "quiet_worker_count_warning", failing)
     monkeypatch.setattr(Lane, "start", start)
-    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(2))  # noqa: E731
-    want = epochs(make(), 1)
-    with feedrate.autotune(make(), cache=False) as auto:
-        got = epochs(auto, 1, step_s=0.004)
-        report = auto.report()
-    assert same(want, got)
+    report = same_epoch_tuned(seed=2)
     assert any("/dev/shm" in (t.error or "") for t in report.trials), report
     assert any(e.what.startswith("stay on") for e in report.events), report
 
@@ -424,11 +432,6 @@ def test_measuring_the_configuration_in_use_again_keeps_its_workers(
 
     monkeypatch.setattr(Lane, "start", start)
     monkeypatch.setattr(OnlineTuner, "_next", first_again)
-    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(3))  # noqa: E731
-    want = epochs(make(), 1)
-    with feedrate.autotune(make(), cache=False) as auto:
-        got = epochs(auto, 1, step_s=0.004)
-        report = auto.report()
-    assert same(want, got)
+    report = same_epoch_tuned(seed=3)
     assert again and [t.config for t in report.trials[:2]] == [again[0], again[0]], report
     assert starts[:2] != [again[0], again[0]], starts  # its lane went on
