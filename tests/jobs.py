@@ -37,15 +37,25 @@ class Done:
         return self.stdout + self.stderr
 
 
-def _members(session: int, marker: str | None) -> list[psutil.Process]:
-    """The job's processes: its session's, and any found by ``marker`` in their command line
-    (processes that made sessions of their own)."""
-    found = []
+def left_behind(marker: str) -> list[psutil.Process]:
+    """Processes with ``marker`` in their command line (a job's, which must all be gone)."""
+    left = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if os.getsid(p.pid) == session or (
-                marker is not None and any(marker in part for part in p.info["cmdline"] or [])
-            ):
+            if any(marker in part for part in p.info["cmdline"] or []):
+                left.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return left
+
+
+def _members(session: int, marker: str | None) -> list[psutil.Process]:
+    """The job's processes: its session's, and any found by ``marker`` (processes that made
+    sessions of their own)."""
+    found = [] if marker is None else left_behind(marker)
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == session and p not in found:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             continue

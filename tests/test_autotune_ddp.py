@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
@@ -34,7 +33,7 @@ from feedrate.search.online_trial import TRIAL_S, TrialTiming
 from feedrate.search.space import Space
 from feedrate.search.tuner import RETUNE_WINDOWS, WATCH_BATCHES, OnlineTuner
 
-from jobs import run_job
+from jobs import left_behind, run_job
 from pipelines import SleepDataset
 
 ONE = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True)
@@ -333,7 +332,7 @@ def torchrun(tmp_path: Path, mode: str, timeout_s: float = 100) -> tuple[int, st
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     args = [*run, str(script), mode, str(tmp_path), marker]
     done = run_job(args, timeout_s=timeout_s, env=env, cwd=tmp_path, marker=marker, merge=True)
-    left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+    left = left_behind(marker)
     assert left == [], f"processes left behind: {left}"
     return done.returncode, done.stdout, done.seconds
 

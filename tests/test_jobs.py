@@ -7,10 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
-from jobs import run_job
+from jobs import left_behind, run_job
 
 HANGS = """
 import os, subprocess, sys, threading, time
@@ -33,7 +32,7 @@ def test_a_job_that_hangs_fails_with_every_stack_and_leaves_nothing(tmp_path: Pa
     assert "did not end within 3 s" in said and "started" in said
     assert "waits_for_ever" in said  # the helper thread's stack, from faulthandler
     assert "child.wait()" in said or "in wait" in said  # the main thread's
-    left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+    left = left_behind(marker)
     assert left == []
 
 

@@ -14,7 +14,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -34,7 +33,7 @@ from feedrate.results.spread import Spread
 from feedrate.search.ranks import slowest
 
 from faults import default_signals
-from jobs import run_job
+from jobs import left_behind, run_job
 from pipelines import SleepDataset, TinyDataset, UnshardedStream
 
 TESTS = Path(__file__).resolve().parent
@@ -224,17 +223,6 @@ def _two_ranks(tmp_path: Path, *args: str) -> tuple[int, str]:
     return done.returncode, done.output
 
 
-def _left_behind(marker: str) -> list[psutil.Process]:
-    left = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(marker in part for part in p.info["cmdline"] or []):
-                left.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return left
-
-
 def test_nproc_per_node_tunes_and_checks_the_node_and_only_rank_zero_speaks(
     tmp_path: Path,
 ) -> None:
@@ -254,7 +242,7 @@ def test_nproc_per_node_tunes_and_checks_the_node_and_only_rank_zero_speaks(
     assert "no-distributed-sampler" not in found  # --shard
     # Every rank ran the dataset checks on its own loader: rank 1's trap is found, as its own.
     assert found["shared-rng"]["message"].startswith("on rank 1 of 2")
-    assert not _left_behind(str(tmp_path))
+    assert not left_behind(str(tmp_path))
 
 
 def test_nproc_per_node_measures_every_rank_at_once_and_rank_zero_speaks(tmp_path: Path) -> None:
@@ -272,7 +260,7 @@ def test_nproc_per_node_measures_every_rank_at_once_and_rank_zero_speaks(tmp_pat
     code, said = _two_ranks(tmp_path, "measure", "job.py:failing", *options)
     assert code == 3, said[-3000:]
     assert "rank 1 failed" in said and "rank one's storage is gone" in said
-    assert not _left_behind(str(tmp_path))
+    assert not left_behind(str(tmp_path))
 
 
 def test_every_rank_reading_every_sample_is_named(tmp_path: Path) -> None:
@@ -288,7 +276,7 @@ def test_a_failing_rank_ends_the_job_naming_it_with_no_process_left(tmp_path: Pa
     code, said = _two_ranks(tmp_path, "tune", "job.py:failing", "--budget-s", "8")
     assert code == 3, said[-3000:]
     assert "rank 1 failed" in said and "rank one's storage is gone" in said
-    assert not _left_behind(str(tmp_path))
+    assert not left_behind(str(tmp_path))
 
 
 JOB = """
@@ -383,4 +371,4 @@ def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path) -> None:
     said = "".join(seen) + rest
     assert p.returncode == 130, said[-2000:]
     assert said.count("feedrate: interrupted") == 1
-    assert not _left_behind(str(tmp_path))
+    assert not left_behind(str(tmp_path))
