@@ -3,10 +3,10 @@ for the loop that iterates it, the cache, re-tuning, and no worker left behind."
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -378,34 +378,53 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The second lane takes three index batches from the epoch's stream, then its start fails
-    # (as when /dev/shm or memory runs out): those batches go back, the first lane goes on.
+    # (as when /dev/shm or memory runs out), on its own thread while the first lane drains:
+    # those batches go back, and the first lane goes on with them once drained.
+    starts: list[str] = []
 
-    real = lanes.quiet_worker_count_warning
-    started: list[int] = []
+    def failing_iter(obj: Any) -> Any:
+        if isinstance(obj, DataLoader):
+            starts.append(threading.current_thread().name)
+            if len(starts) == 2:  # the first trial lane after the one the epoch began with
+                feed = iter(obj.batch_sampler)  # type: ignore[arg-type]
+                assert len([next(feed) for _ in range(3)]) == 3
+                raise OSError("no space left in /dev/shm")
+        return iter(obj)
 
-    @contextlib.contextmanager
-    def failing() -> Iterator[None]:
-        started.append(1)
-        with real():
-            yield
-        if len(started) == 2:  # the first trial lane after the one the epoch began with
-            feed = stack[-1]
-            taken = [next(it) for it in [iter(feed)] for _ in range(3)]
-            assert len(taken) == 3
-            raise OSError("no space left in /dev/shm")
-
-    stack: list[Any] = []
-    real_start = Lane.start
-
-    def start(self: Any, stream: Any) -> None:
-        stack.append(self.feed)
-        real_start(self, stream)
-
-    monkeypatch.setattr(lanes, "quiet_worker_count_warning", failing)
-    monkeypatch.setattr(Lane, "start", start)
+    monkeypatch.setattr(lanes, "iter", failing_iter, raising=False)
     report = same_epoch_tuned(seed=2)
+    assert starts[1] == "feedrate-lane-start", starts  # beside the lane in use, not holding it
     assert any("/dev/shm" in (t.error or "") for t in report.trials), report
     assert any(e.what.startswith("stay on") for e in report.events), report
+
+
+def test_the_next_lane_starts_beside_the_loop_and_a_stop_meanwhile_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Forking many workers takes seconds (96 took 2-3 s on 2 CPUs): the next lane starts on a
+    # thread of its own and the loop drains the lane in use meanwhile. A start made to take
+    # 3 s: two batches reach the loop before it ends. Leaving the loop then ends both lanes'
+    # workers (conftest's no_leaks checks) and the start's thread.
+    starting, started = threading.Event(), threading.Event()
+
+    def slow_iter(obj: Any) -> Any:
+        if threading.current_thread().name == "feedrate-lane-start" and not starting.is_set():
+            starting.set()
+            time.sleep(3.0)
+            started.set()
+        return iter(obj)
+
+    monkeypatch.setattr(lanes, "iter", slow_iter, raising=False)
+    meanwhile = []
+    with feedrate.autotune(DataLoader(SLOW, batch_size=16), cache=False) as auto:
+        for _ in auto:
+            time.sleep(0.004)
+            if starting.is_set():
+                meanwhile.append(started.is_set())
+                if len(meanwhile) == 2:
+                    break
+    assert meanwhile == [False, False]
+    assert not [t for t in threading.enumerate() if t.name == "feedrate-lane-start"]
 
 
 def test_measuring_the_configuration_in_use_again_keeps_its_workers(
@@ -417,9 +436,9 @@ def test_measuring_the_configuration_in_use_again_keeps_its_workers(
     starts: list[LoaderConfig] = []
     real_start = Lane.start
 
-    def start(self: Lane, stream: Any, *, keep: bool = False) -> None:
+    def start(self: Lane, stream: Any, **kw: Any) -> None:
         starts.append(self.config)
-        real_start(self, stream, keep=keep)
+        real_start(self, stream, **kw)
 
     again: list[LoaderConfig] = []
     real_next = OnlineTuner._next

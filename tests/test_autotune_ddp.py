@@ -292,6 +292,15 @@ ds = SleepDataset({n}, sleep_s=0.003)
 sampler = DistributedSampler(ds, shuffle=True, seed=3)
 loader = DataLoader(ds, batch_size={batch}, sampler=sampler)
 auto = feedrate.autotune(loader, cache=False, budget_s=20, max_workers=3)
+if mode == "nostart" and rank == 1:  # its first trial lane's workers do not start
+    import threading
+    from feedrate.autotuning import lanes
+    def failing(obj, failed=[]):
+        if threading.current_thread().name == "feedrate-lane-start" and not failed:
+            failed.append(obj)
+            raise OSError("no space left in /dev/shm")
+        return iter(obj)
+    lanes.iter = failing
 log = []
 for epoch in range(2):
     auto.set_epoch(epoch)
@@ -309,7 +318,9 @@ for i, batch in enumerate(auto):  # both ranks break at the same batch, then go 
 again = sum(1 for batch in auto if dist.all_reduce(torch.ones(1)) is None)
 assert again == len(auto), again
 with open(os.path.join(out, f"rank{{rank}}.json"), "w") as f:
-    json.dump({{"log": log, "trials": len(auto.report().trials), "said": str(auto.report())}}, f)
+    report = auto.report()
+    errors = [t.error for t in report.trials if t.error]
+    json.dump({{"log": log, "trials": len(report.trials), "errors": errors}}, f)
 job = auto._job
 auto.close()
 assert auto._job is None and job.channel._group is None, "the channel to the others is closed"
@@ -337,10 +348,17 @@ def torchrun(tmp_path: Path, mode: str, timeout_s: float = 100) -> tuple[int, st
     return done.returncode, done.stdout, done.seconds
 
 
-def test_two_ranks_keep_their_shard_order_and_switch_together(tmp_path: Path) -> None:
-    code, out, _ = torchrun(tmp_path, "order")
+@pytest.mark.parametrize("mode", ["order", "nostart"])
+def test_two_ranks_keep_their_shard_order_and_switch_together(tmp_path: Path, mode: str) -> None:
+    # "nostart": rank 1's first trial lane cannot start its workers; neither rank's takes over,
+    # and both go on, on the lanes they drained, with every batch.
+    code, out, _ = torchrun(tmp_path, mode)
     assert code == 0, out[-3000:]
-    logs = [json.loads((tmp_path / f"rank{r}.json").read_text())["log"] for r in range(2)]
+    docs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    logs = [d["log"] for d in docs]
+    if mode == "nostart":
+        for d in docs:
+            assert d["errors"][0] == "did not start: rank 1: no space left in /dev/shm", d
     ds = SleepDataset(N, sleep_s=0.0)
     for r, log in enumerate(logs):
         for epoch in range(2):

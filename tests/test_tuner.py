@@ -299,12 +299,18 @@ def test_threads_are_tried_only_after_the_check_the_tuner_asks_for() -> None:
 
 def test_a_lane_that_fails_to_start_is_recorded_and_the_one_in_use_measured_again() -> None:
     tuner = tuner_from(2)
+    running = tuner.config
     tuner.new_epoch(None)
     tuner.lane_started(0.0)
-    tuner.move_failed(LoaderConfig(8), "more", "no space left in /dev/shm", 1.0)
+    tuner.moved(online(LoaderConfig(8)), "more", drain=True)  # its lane starts beside the drain
+    tuner.move_failed(LoaderConfig(8), "more", "no space left in /dev/shm", 1.0, running)
     assert tuner.trials[-1].error == "did not start: no space left in /dev/shm"
-    assert tuner.report.events[-1].what == f"stay on {tuner.config.label()}"
-    assert tuner.trial is not None and tuner.trial.config == tuner.config and tuner.trial.opened
+    assert tuner.config == running and tuner.pending is None
+    assert tuner.report.events[-1].what == f"stay on {running.label()}"
+    trial = tuner.trial
+    assert trial is not None and trial.config == running
+    assert trial.warmup == 2 + 2 and not trial.opened  # the lane went on after its drain: its
+    # queue starts empty, and its first batches are not measured
 
 
 # --- the step tune and autotune share ------------------------------------------------------

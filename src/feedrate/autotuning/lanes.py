@@ -4,6 +4,8 @@ configuration) to the next, so every batch of the epoch is yielded exactly once,
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -112,27 +114,63 @@ class Lane:
             self.loader.generator = torch.Generator().manual_seed(seed)
         self.it: Any = None
         self.start_s = 0.0
+        self._starting: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
-    def start(self, stream: Stream | None, *, keep: bool = False) -> None:
+    def start(self, stream: Stream | None, *, keep: bool = False, quiet: bool = True) -> None:
         """Start iterating; with a stream, on its next batches. Should the workers fail to
         start, the batches this lane took go back to the stream; with ``keep`` it goes on
         recording them until ``kept`` (or ``give_back``) says whether it stays. ``start_s``:
-        how long it held the loop (new workers start here)."""
+        how long it took (new workers start here); ``quiet``: DataLoader's worker-count
+        warning silenced around it (the loop's thread only)."""
         began = self._clock()
         try:
-            self._start(stream, keep)
+            self._start(stream, keep, quiet)
         finally:
             self.start_s = self._clock() - began
 
-    def _start(self, stream: Stream | None, keep: bool) -> None:
+    def begin(self, stream: Stream, *, keep: bool = False) -> None:
+        """``start`` on a thread of its own, while the loop drains the lane in use (which
+        takes no more of ``stream``): forking many workers takes seconds (10 to 35 ms each on a
+        2-CPU machine), which the loop would otherwise wait. ``ready`` waits for it."""
+
+        def run() -> None:
+            try:
+                # Not quiet_worker_count_warning: warnings' filters are the whole process's,
+                # not a thread's; allow_many_workers keeps this loader from warning.
+                self.start(stream, keep=keep, quiet=False)
+            except BaseException as exc:  # raised by ready(), in the loop's thread
+                self._failed = exc
+
+        self._starting = threading.Thread(target=run, name="feedrate-lane-start", daemon=True)
+        self._starting.start()
+
+    def ready(self) -> None:
+        """Wait for ``begin``'s start to end; raise what it raised (its batches are back in
+        the stream, as with ``start``)."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    def restart(self, stream: Stream) -> None:
+        """After a drain (the next lane could not start): go on with ``stream``'s next batches,
+        the persistent workers kept."""
+        self.thaw(stream)
+        self.start(stream)
+
+    def _start(self, stream: Stream | None, keep: bool, quiet: bool) -> None:
+        quieted = quiet_worker_count_warning() if quiet else contextlib.nullcontext()
         if self.feed is None or stream is None:
-            with quiet_worker_count_warning():
+            with quieted:
                 self.it = iter(self.loader)
             return
         self.feed.set(stream)
         self.feed.kept = []
         try:
-            with quiet_worker_count_warning():
+            with quieted:
                 self.it = iter(self.loader)
         except BaseException:
             self.feed.frozen = True
@@ -172,7 +210,11 @@ class Lane:
 
     def close(self) -> None:
         """End the lane's workers: those of its iterator and of its loader's persistent one
-        (the same, unless the loader's ``__iter__`` is a generator that hides it)."""
+        (the same, unless the loader's ``__iter__`` is a generator that hides it), once any
+        start under way has ended (it would leave workers behind)."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
         if self.it is not None:
             stop_workers(self.it)
             self.it = None

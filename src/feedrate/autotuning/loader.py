@@ -87,6 +87,7 @@ class AutoLoader(delegation.Surface):
         self._tuner = self._tuner_of(self._starting(local_ranks()), counted=False)
         self._lane: Lane | None = None
         self._next: Lane | None = None  # started on the indices after the lane draining
+        self._moving: Proposal | None = None  # what the next lane is for
         self._probe, self._seed = TrialProbe(), 0
         #: A WebLoader's stages after its DataLoader, run on the tuned epochs (see autotune).
         self._pipeline: Callable[[], Iterator[Any]] | None = None
@@ -115,7 +116,7 @@ class AutoLoader(delegation.Surface):
         for lane in (self._lane, self._next):
             if lane is not None:
                 lane.close()
-        self._lane = self._next = None
+        self._lane = self._next = self._moving = None
         self._tuner.stopped()
 
     def __enter__(self) -> AutoLoader:
@@ -208,7 +209,7 @@ class AutoLoader(delegation.Surface):
             except StopIteration:
                 if self._next is None:
                     break  # the epoch is done
-                lane = self._take_next(lane)
+                lane = self._take_next(lane, stream)
                 began = self._mark()
                 continue
             got = self._mark()
@@ -310,31 +311,42 @@ class AutoLoader(delegation.Surface):
         seed = self._seed + len(self._tuner.trials)
         make = partial(Lane, self._user, proposal[0], True, seed, self._clock)
         if self._job is not None:  # at the same batch on every rank
-            at, clock = self._switch_at, self._clock
-            nxt = self._job.switch(self._tuner, lane, stream, proposal, at, make, clock)
+            nxt = self._job.switch(self._tuner, lane, stream, proposal, self._switch_at, make)
             if nxt is None:
                 self._follow(lane, self._clock())
+            self._moving = proposal
             return nxt
         nxt = make()
         lane.freeze()  # from here on the stream's batches are the next lane's
-        try:
-            nxt.start(stream)
-        except Exception as exc:  # workers that cannot start (memory, /dev/shm, files)
-            nxt.close()
-            lane.thaw()
-            self._tuner.move_failed(*proposal, str(exc), now := self._clock())
-            self._follow(lane, now)
-            return None
-        self._tuner.moved(*proposal, drain=True, start_s=nxt.start_s)
+        nxt.begin(stream)  # its workers start while this lane drains
+        self._tuner.moved(*proposal, drain=True)
+        self._moving = proposal
         return nxt
 
-    def _take_next(self, lane: Lane) -> Lane:
-        """The drained lane ends; the next one, which started meanwhile, takes over."""
-        nxt = self._next
-        assert nxt is not None
+    def _take_next(self, lane: Lane, stream: Stream) -> Lane:
+        """The drained lane ends; the next one, started meanwhile, takes over. Should its
+        workers not have started (memory, /dev/shm, open files; on any rank of a job), the
+        drained lane goes on with the epoch's next batches."""
+        nxt, proposal = self._next, self._moving
+        assert nxt is not None and proposal is not None
+        if self._job is not None:
+            error = self._job.take_over(nxt, stream)
+        else:
+            try:
+                nxt.ready()
+                error = None
+            except Exception as exc:
+                error = str(exc)
+        self._next = self._moving = None
+        if error is not None:
+            nxt.close()
+            lane.restart(stream)
+            self._tuner.move_failed(*proposal, error, now := self._clock(), lane.config)
+            self._follow(lane, now)
+            return lane
         lane.close()
-        self._lane, self._next = nxt, None
-        self._tuner.switched(now := self._clock())
+        self._lane = nxt
+        self._tuner.switched(now := self._clock(), nxt.start_s)
         self._follow(nxt, now)
         return nxt
 

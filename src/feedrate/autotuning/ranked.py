@@ -144,12 +144,11 @@ class Job:
         proposal: Proposal,
         at: int | None,
         make: Callable[[], Lane],
-        clock: Callable[[], float],
     ) -> Lane | None:
-        """The next lane (``make()``), started on every rank at batch ``at`` of the epoch (the
-        lane in use is given the batches before it and drained first), or None: a rank's
-        could not start (then none does, and the lane in use is measured again), or the epoch
-        has no batch left for it (then it runs from the next epoch)."""
+        """The next lane (``make()``), starting on every rank at batch ``at`` of the epoch
+        while the lane in use is given the batches before it and drained (``take_over`` then
+        says whether it started on every rank), or None: the epoch has no batch left for it
+        (it runs from the next epoch)."""
         length = stream.length
         if at is None or (length is not None and at >= length):
             tuner.moved(*proposal, drain=False)
@@ -157,9 +156,17 @@ class Job:
         tail = [stream.take() for _ in range(at - stream.taken)]
         lane.freeze([b for b in tail if b is not None])
         nxt = make()
+        nxt.begin(stream, keep=True)
+        tuner.moved(*proposal, drain=True)
+        return nxt
+
+    def take_over(self, nxt: Lane, stream: Stream) -> str | None:
+        """Once the lane in use drained (batch ``at``, so at the same batch on every rank):
+        whether ``nxt`` started on every rank. None, or the first rank's failure, named; then
+        none takes over (the batches ``nxt`` took are back in ``stream``; close it)."""
         error = None
         try:
-            nxt.start(stream, keep=True)
+            nxt.ready()
         except Exception as exc:  # its batches went back to the stream
             error = str(exc)
         try:
@@ -169,14 +176,9 @@ class Job:
             raise
         if failed_on is None:
             nxt.stays()
-            tuner.moved(*proposal, drain=True, start_s=nxt.start_s)
-            return nxt
-        if error is None:
+        elif error is None:
             nxt.give_back(stream)
-        nxt.close()
-        lane.thaw(stream)
-        tuner.move_failed(*proposal, failed_on, clock())
-        return None
+        return failed_on
 
     def watch(self, tuner: OnlineTuner, now: float) -> None:
         """A watch stretch ended on every rank: the job's stall goes to the tuner."""

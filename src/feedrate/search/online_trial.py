@@ -102,7 +102,7 @@ class TrialTiming:
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
     rival: float | None = None  # samples/s of the fastest trial so far, where there is one
     from_switch: bool = False  # began at a switch within an epoch (a lane started meanwhile)
-    startup_s: float = 0.0  # the loop was held this long while its lane's workers started
+    startup_s: float = 0.0  # its lane's workers took this long to start
     #: Timed whole: per measured epoch, the batch it began at (of the measured ones) and the
     #: seconds its ``iter()`` took before the lane ran (workers resumed or started), which
     #: every epoch pays, as a static measurement counts.

@@ -112,9 +112,10 @@ def repeat_costs(
 ) -> tuple[float, float]:
     """While training runs: what measuring ``again`` again costs, and what finding out could
     save over ``horizon_s`` (s). A repeat of a configuration not ``running`` starts its workers
-    anew, holding the loop for its ``startup_s``; the answer it may change is at most the gap
-    between the fastest and ``choose``'s answer slower (the 32, 52 and 72 workers of a remote
-    pipeline, near-tied, cost 2 to 6 s a start for a gap worth under a second an epoch)."""
+    anew, which takes its ``startup_s`` (beside the loop, but from its CPUs); the answer it may
+    change is at most the gap between the fastest and ``choose``'s answer slower (the 32, 52
+    and 72 workers of a remote pipeline, near-tied, cost 2 to 6 s a start for a gap worth under
+    a second an epoch)."""
     top, pick = fastest(eligible(space, trials)), choose(space, trials)
     gap = _gap(top, pick) if top is not None and pick is not None else 0.0
     return (0.0 if again.config == running else again.startup_s), gap * horizon_s

@@ -248,14 +248,12 @@ class OnlineTuner:
             self._event("no threads", check.reason())
         return self._next(self._spent if self.counted else self._spent_at(now))
 
-    def moved(self, config: LoaderConfig, why: str, *, drain: bool, start_s: float = 0.0) -> None:
+    def moved(self, config: LoaderConfig, why: str, *, drain: bool) -> None:
         """The caller moved to ``config`` (a ``Try``'s or a ``Settle``'s): with ``drain`` a
-        lane of it started (holding the loop ``start_s``) and takes over once the lane in use
-        drains (``switched``); else it runs from the next epoch."""
+        lane of it is starting and takes over once the lane in use drains (``switched``);
+        else it runs from the next epoch."""
         self.report.config = config
         trial = None if self.report.settled else self._timing(config, why, self._warmup(config))
-        if trial is not None:
-            trial.startup_s = start_s
         if drain:
             self.pending = trial
         else:
@@ -267,19 +265,25 @@ class OnlineTuner:
         self.moved(action.config, action.why, drain=True)
         self.switched(now)
 
-    def move_failed(self, config: LoaderConfig, why: str, error: str, now: float) -> None:
+    def move_failed(
+        self, config: LoaderConfig, why: str, error: str, now: float, running: LoaderConfig
+    ) -> None:
         """A lane of ``config`` could not start (memory, /dev/shm, open files): recorded, and
-        the lane in use is measured again from ``now``."""
-        self._again = None
+        the lane of ``running``, started again on the epoch's next batches, is measured again
+        from ``now`` (after a warm-up: its queue starts empty)."""
+        self._again = self.pending = None
+        self.report.config = cfg = running
         self.trials.append(Trial(config, why, error=f"did not start: {error}"))
-        self._event(f"stay on {self.config.label()}", f"{config.label()}: {error}")
-        self.trial = self._timing(self.config, "measured again", 0)
+        self._event(f"stay on {cfg.label()}", f"{config.label()}: {error}")
+        self.trial = self._timing(cfg, "measured again", self._warmup(cfg))
         self.trial.start(now)
 
-    def switched(self, now: float) -> None:
-        """The drained lane ended at ``now``; the one ``moved(drain=True)`` started took over."""
+    def switched(self, now: float, start_s: float = 0.0) -> None:
+        """The drained lane ended at ``now``; the one ``moved(drain=True)`` started took over
+        (its workers' start took ``start_s``, beside the drain)."""
         self.trial, self.pending = self.pending, None
         if self.trial is not None:
+            self.trial.startup_s = start_s
             self.trial.start(now)
         self._watch = self._new_watch()
 
