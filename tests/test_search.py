@@ -434,6 +434,31 @@ def test_online_tries_no_workers_when_idle_workers_did_not_scale() -> None:
     assert all(t.config.num_workers > 0 for t in remote)
 
 
+def test_online_does_not_try_no_workers_where_one_worker_makes_a_sliver_of_the_rate() -> None:
+    # A re-tune forgets the counts that scaled: a remote pipeline measured again at 24 workers,
+    # then 45 no faster, the loop still waiting 41%. Alone, the main process would do one
+    # worker's work (54 samples/s) against 1,300: no workers is not worth a trial. At 2 and 4
+    # workers of the same kind of pipeline (no faster at 4) it still is.
+    s = space(cpus=2, baseline=LoaderConfig(24, prefetch_factor=2, persistent_workers=True))
+    s = Space(**{**s.__dict__, "consumer": True})
+
+    def trials_of(*rates: tuple[int, float]) -> list[Trial]:
+        return [
+            make_trial(
+                LoaderConfig(w, prefetch_factor=2, persistent_workers=True),
+                "x",
+                Figures(rate, 0.19, 0.51 / w),
+                consumer=2200.0,
+            )
+            for w, rate in rates
+        ]
+
+    assert propose_online(s, trials_of((24, 1297.0), (45, 1235.0))) is None
+    s = Space(**{**s.__dict__, "baseline": LoaderConfig(2, prefetch_factor=2)})
+    few = propose_online(s, trials_of((2, 1297.0), (4, 1235.0)))
+    assert few is not None and few[0].num_workers == 0
+
+
 def test_online_tries_no_workers_after_busy_workers_making_big_batches() -> None:
     # 12 MiB batches: the workers are busy, much of it copying into shared memory, and more
     # of them do not help; without them there is no copy at all. With small batches, busy

@@ -303,7 +303,7 @@ def test_a_lane_that_fails_to_start_is_recorded_and_the_one_in_use_measured_agai
     tuner.new_epoch(None)
     tuner.lane_started(0.0)
     tuner.moved(online(LoaderConfig(8)), "more", drain=True)  # its lane starts beside the drain
-    tuner.move_failed(LoaderConfig(8), "more", "no space left in /dev/shm", 1.0, running)
+    tuner.move_failed((LoaderConfig(8), "more"), "no space left in /dev/shm", 1.0, running)
     assert tuner.trials[-1].error == "did not start: no space left in /dev/shm"
     assert tuner.config == running and tuner.pending is None
     assert tuner.report.events[-1].what == f"stay on {running.label()}"

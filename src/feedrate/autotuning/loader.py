@@ -341,7 +341,7 @@ class AutoLoader(delegation.Surface):
         if error is not None:
             nxt.close()
             lane.restart(stream)
-            self._tuner.move_failed(*proposal, error, now := self._clock(), lane.config)
+            self._tuner.move_failed(proposal, error, now := self._clock(), lane.config)
             self._follow(lane, now)
             return lane
         lane.close()

@@ -26,11 +26,11 @@ from dataclasses import replace
 from feedrate.results.trial import Trial
 from feedrate.search import scaling
 from feedrate.search.bottleneck import bottleneck
+from feedrate.search.online_steps import fewer, zero
 from feedrate.search.space import (
     AIM_MARGIN,
     BIG_BATCH,
     STALL_GAIN,
-    ZERO_STALL,
     Proposal,
     Space,
     beats,
@@ -345,56 +345,4 @@ def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
 CONSUMER_STEPS = (_anchor_none, _threads, _double, _bisect, threads_report)
 
 
-def _fewer(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Online: the fewest workers tried keep the consumer fed; half as many may too."""
-    main = series(space, trials)
-    fed = [t.config.num_workers for t in main if covers(t)]
-    if not fed or min(fed) == 0:
-        return None
-    c = min(fed)
-    if any(not covers(t) and t.config.num_workers < c for t in main):
-        return None  # _bisect's ground
-    if c == 1 and zero_stall(next(t for t in main if t.config.num_workers == 1)) > ZERO_STALL:
-        return None  # the worker's CPU time, moved into the loop, would stall it
-    return with_workers(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
-
-
-def zero_stall(t: Trial) -> float:
-    """The stall predicted without workers for a loop fed by ``t``: each second of the loop would
-    also do the CPU work the workers did in it (their inter-process copies aside)."""
-    work = t.workers_cpu
-    step = 1.0 - (t.stall_fraction or 0.0)
-    return work / (work + step) if work + step > 0 else 0.0
-
-
-def _zero(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Online, once more workers stopped helping and none feeds the loop: no workers at all
-    (cheap samples are fastest without inter-process copies). Not when the workers mostly
-    waited and more of them did help (latency-bound: without them the loop would wait on every
-    read), nor when busy workers made small batches (the work itself is the cost) while the
-    main process stayed mostly idle; idle workers that more of them did not speed up, busy ones
-    making big batches, or a main process busy ``MAIN_HANDOFF`` of a core receiving batches
-    point at the copies between processes instead."""
-    main = series(space, trials)
-    if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
-        return None
-    best = fastest(main)
-    if best is None:
-        return None
-    kind = bottleneck(best, space.cpus)
-    fewest = min(main, key=lambda t: t.config.num_workers)
-    handoff = best.main_cpu >= MAIN_HANDOFF
-    if kind == "latency" and best is not fewest and beats(best, fewest) and not handoff:
-        return None
-    if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH and not handoff:
-        return None
-    return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
-
-
-#: Online, a main process this busy (share of a core) receiving small batches spends a real part
-#: of the pipeline's cost on the hand-off between processes, which no workers saves: tabular rows
-#: and dict records measure 0.45-0.5 at 2 workers, a tokenizer and skewed CPU work 0.06-0.15.
-MAIN_HANDOFF = 0.3
-
-
-ONLINE_STEPS = (_fewer, _threads, _double, _bisect, _zero)
+ONLINE_STEPS = (fewer, _threads, _double, _bisect, zero)

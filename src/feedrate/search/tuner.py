@@ -32,7 +32,7 @@ from feedrate.search.actions import Action, CheckThreads, Settle, Try
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose_online, repeat_costs, unresolved
-from feedrate.search.space import STALL_MARGIN, Space, covers, eligible, fastest
+from feedrate.search.space import STALL_MARGIN, Proposal, Space, covers, eligible, fastest
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
@@ -260,18 +260,15 @@ class OnlineTuner:
             self.trial = trial
 
     def again_here(self, action: Try, now: float) -> None:
-        """``action`` measures the configuration in use again: its trial starts at ``now`` on
-        the lane running (no new workers, no drain)."""
+        """``action`` measures the running configuration again, from ``now``, on its lane."""
         self.moved(action.config, action.why, drain=True)
         self.switched(now)
 
-    def move_failed(
-        self, config: LoaderConfig, why: str, error: str, now: float, running: LoaderConfig
-    ) -> None:
-        """A lane of ``config`` could not start (memory, /dev/shm, open files): recorded, and
-        the lane of ``running``, started again on the epoch's next batches, is measured again
-        from ``now`` (after a warm-up: its queue starts empty)."""
-        self._again = self.pending = None
+    def move_failed(self, failed: Proposal, error: str, now: float, running: LoaderConfig) -> None:
+        """A lane of ``failed`` could not start (memory, /dev/shm, open files): recorded; that
+        of ``running`` goes on with the epoch's next batches, measured again from ``now``
+        after a warm-up (its queue starts empty)."""
+        (config, why), self._again, self.pending = failed, None, None
         self.report.config = cfg = running
         self.trials.append(Trial(config, why, error=f"did not start: {error}"))
         self._event(f"stay on {cfg.label()}", f"{config.label()}: {error}")
