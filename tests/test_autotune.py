@@ -22,7 +22,8 @@ from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.autotune import AutotuneReport
 from feedrate.search.actions import Action, Try
-from feedrate.search.tuner import RETUNE_STALL, WATCH_S, OnlineTuner
+from feedrate.search.tuner import OnlineTuner
+from feedrate.search.watch import RETUNE_STALL, WATCH_S
 
 from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset, UnshardedStream
 
@@ -201,13 +202,13 @@ def test_no_time_between_two_batches_goes_uncounted(
     # Where the loop's thread sat queued for a CPU (half of all time, as on a busy machine),
     # that share of the wait is the loop's step: no worker count would shorten it.
     seen: list[tuple[float, float, float]] = []
-    real = AutoLoader._observe
+    real = OnlineTuner.observe
 
-    def observe(self: AutoLoader, lane: Lane, batch: Any, wait: float, step: float, now: float):  # type: ignore[no-untyped-def]
+    def observe(self: OnlineTuner, samples: int, wait: float, step: float, now: float, *a: Any):  # type: ignore[no-untyped-def]
         seen.append((wait, step, now))
-        real(self, lane, batch, wait, step, now)
+        real(self, samples, wait, step, now, *a)
 
-    monkeypatch.setattr(AutoLoader, "_observe", observe)
+    monkeypatch.setattr(OnlineTuner, "observe", observe)
     clock = FakeClock(0.001)
     loader = DataLoader(TinyDataset(64), batch_size=8)
     with AutoLoader(

@@ -31,7 +31,8 @@ from feedrate.search.actions import Settle, Try
 from feedrate.search.job_trial import job_figures, job_stall, job_trial, rank_figures
 from feedrate.search.online_trial import TRIAL_S, TrialTiming
 from feedrate.search.space import Space
-from feedrate.search.tuner import RETUNE_WINDOWS, WATCH_BATCHES, OnlineTuner
+from feedrate.search.tuner import OnlineTuner
+from feedrate.search.watch import RETUNE_WINDOWS, WATCH_BATCHES
 
 from jobs import left_behind, run_job
 from pipelines import SleepDataset

@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from feedrate.measuring.runqueue import Marks, ThreadQueued, beside, never, split, wait_and_step
+from feedrate.measuring.runqueue import (
+    Marks,
+    ThreadQueued,
+    beside,
+    busy,
+    never,
+    split,
+    wait_and_step,
+)
 
 LINUX = sys.platform.startswith("linux") and os.path.exists("/proc/thread-self/schedstat")
 
@@ -33,13 +41,16 @@ def test_split_moves_at_most_the_wait_and_keeps_the_total(
 
 def test_wait_and_step_take_the_queue_of_the_wait_only() -> None:
     # asked at 1.0 (queued 0.5 so far), got it at 1.3 (queued 0.6), asked again at 2.0
-    assert wait_and_step((1.0, 0.5), (1.3, 0.6), (2.0, 0.9)) == pytest.approx((0.2, 0.8))
+    assert wait_and_step((1.0, 0.5, 0.0), (1.3, 0.6, 0.1), (2.0, 0.9, 0.7)) == pytest.approx(
+        (0.2, 0.8)
+    )
+    assert busy((1.0, 0.5, 0.0), (1.3, 0.6, 0.1)) == pytest.approx(0.1)  # on a CPU in next()
 
 
 def test_a_fake_clock_reads_no_run_queue() -> None:
     fake = iter(range(100)).__next__
     assert beside(fake) is never
-    assert Marks(fake, lambda: 7.0)() == (0, 7.0)
+    assert Marks(fake, lambda: 7.0)() == (0, 7.0, 0.0)  # no time on a CPU read either
     assert isinstance(beside(time.perf_counter), ThreadQueued)
 
 
@@ -66,3 +77,20 @@ def test_a_thread_sharing_its_cpu_with_a_busy_process_is_seen_queued() -> None:
         busy.kill()
         busy.wait()
         queued.close()
+
+
+def test_a_mark_reads_the_thread_s_time_on_a_cpu_to_within_a_batch() -> None:
+    # The loop's time on a CPU while it waits in next() is the hand-off's cost in the main
+    # process: all of a short spin (a small batch arrives in a millisecond or two, under a
+    # scheduler tick, which schedstat's CPU time of a running thread lags by), none of a sleep.
+    marks = Marks(time.perf_counter)
+    for _ in range(20):
+        before, cpu = marks(), time.thread_time()
+        spun = time.perf_counter() + 0.002
+        while time.perf_counter() < spun:  # no system call: nothing brings the kernel's count up
+            pass
+        spinning = marks()
+        cpu = time.thread_time() - cpu
+        assert busy(before, spinning) == pytest.approx(cpu, abs=0.0005)
+    time.sleep(0.05)
+    assert busy(spinning, marks()) < 0.01

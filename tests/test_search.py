@@ -13,6 +13,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
+from feedrate.search.online_steps import receiving
 from feedrate.search.propose import choose, propose, propose_online
 from feedrate.search.space import STALL_MARGIN, Space, beats, covers, predict_over_budget
 
@@ -96,6 +97,13 @@ def latency_bound(per_worker: float = 100.0, ceiling: float = 5_000.0) -> Model:
         return Figures(rate, min(0.9, w * 0.01), 0.03 * cfg.threads**0.5)
 
     return model
+
+
+def online_cfg(workers: int) -> LoaderConfig:
+    """``workers`` workers as autotune runs them (persistent, pf=2)."""
+    return LoaderConfig(
+        workers, prefetch_factor=2 if workers else None, persistent_workers=workers > 0
+    )
 
 
 def space(cpus: int = 2, **kw: object) -> Space:
@@ -459,6 +467,53 @@ def test_online_does_not_try_no_workers_where_one_worker_makes_a_sliver_of_the_r
     assert few is not None and few[0].num_workers == 0
 
 
+@pytest.mark.parametrize(("wait_cpu", "more"), [(0.7, False), (0.2, True)])
+def test_online_one_worker_far_behind_none_stops_where_the_main_process_is_receiving(
+    wait_cpu: float, more: bool
+) -> None:
+    # After a re-tune at no workers (tabular rows, 62,500 samples/s), one worker delivers half
+    # as much. With the loop on a CPU 70% of its wait (receiving batches) more workers only
+    # add hand-offs: none stays (2, 4 and 7 were each measured behind it). Where the loop
+    # mostly idled (a worker waiting on storage), more may still scale from one.
+    s = space(cpus=2, baseline=online_cfg(0))
+    s = Space(**{**s.__dict__, "consumer": True})
+    trials = [
+        make_trial(online_cfg(w), "x", Figures(rate, 0.1, 0.2), consumer=100_000.0)
+        for w, rate in ((0, 62_500.0), (1, 31_600.0))
+    ]
+    trials[1].wait_cpu = wait_cpu
+    proposal = propose_online(s, trials)
+    assert (proposal is not None and proposal[0].num_workers > 1) is more, proposal
+
+
+@pytest.mark.parametrize(
+    ("workers", "main_cpu", "wait_cpu", "stall", "workers_cpu", "busy"),
+    [  # autotune's trials on a busy 2-CPU machine
+        (4, 0.23, 0.67, 0.25, 0.45, True),  # tabular rows: the process under MAIN_HANDOFF
+        (2, 0.22, 0.68, 0.24, 0.50, True),  # the same, the least CPU against the workers'
+        (2, 0.18, 0.80, 0.17, 0.28, True),  # dict records
+        (6, 0.07, 0.51, 0.10, 0.70, False),  # skewed CPU work, fed: the wait is the hand-off
+        (2, 0.08, 0.80, 0.07, 0.54, False),  # a tokenizer, the same
+        (32, 0.16, 0.52, 0.23, 0.46, False),  # remote reads at many workers
+        (2, 0.04, 0.013, 0.93, 0.05, False),  # remote reads at few: the loop idles
+        (0, 0.28, 0.98, 0.25, 0.0, False),  # no workers: nothing to receive
+    ],
+)
+def test_a_main_process_is_receiving_where_the_hand_off_is_a_real_share_of_the_cpu(
+    workers: int, main_cpu: float, wait_cpu: float, stall: float, workers_cpu: float, busy: bool
+) -> None:
+    t = Trial(
+        online_cfg(workers),
+        "x",
+        samples_per_s=1000.0,
+        main_cpu=main_cpu,
+        workers_cpu=workers_cpu,
+        stall_fraction=stall,
+        wait_cpu=wait_cpu,
+    )
+    assert receiving(t) is busy
+
+
 def test_online_tries_no_workers_after_busy_workers_making_big_batches() -> None:
     # 12 MiB batches: the workers are busy, much of it copying into shared memory, and more
     # of them do not help; without them there is no copy at all. With small batches, busy
@@ -489,14 +544,19 @@ def test_a_projected_cpu_ceiling_is_a_target_not_a_wall() -> None:
     assert any("while the gain beats the noise" in t.reason for t in trials)
 
 
-@pytest.mark.parametrize(("main_cpu", "tries_zero"), [(0.45, True), (0.1, False)])
+@pytest.mark.parametrize(
+    ("main_cpu", "wait_cpu", "tries_zero"),
+    [(0.45, None, True), (0.1, None, False), (0.1, 0.65, True), (0.1, 0.38, False)],
+)
 def test_online_a_main_process_busy_receiving_batches_tries_no_workers(
-    main_cpu: float, tries_zero: bool
+    main_cpu: float, wait_cpu: float | None, tries_zero: bool
 ) -> None:
     # A loop that never gets enough: 2, 4 and 8 workers, the workers mostly waiting and more
     # of them a little faster. With the main process busy receiving the batches (tabular rows,
     # dict records) the hand-off is the cost and no workers may be fastest; with it idle
-    # (waits on storage) no workers would wait on every read.
+    # (waits on storage) no workers would wait on every read. Busy receiving: a main process
+    # on a CPU 0.45 of the time, or a loop on a CPU for 65% of its wait in next() (tabular on
+    # a busy machine, where the process read 0.30 in all); 38% is not.
     s = space(cpus=2, baseline=LoaderConfig(2, prefetch_factor=2, persistent_workers=True))
     s = Space(**{**s.__dict__, "consumer": True})
     trials = [
@@ -508,6 +568,8 @@ def test_online_a_main_process_busy_receiving_batches_tries_no_workers(
         )
         for w, rate in ((2, 100_000.0), (4, 130_000.0), (8, 131_000.0))
     ]
+    for t in trials:
+        t.wait_cpu = wait_cpu
     proposal = propose_online(s, trials)
     assert (proposal is not None and proposal[0].num_workers == 0) is tries_zero
 

@@ -28,7 +28,8 @@ from feedrate.search.online_trial import (
 from feedrate.search.plan import next_trial
 from feedrate.search.propose import propose_online
 from feedrate.search.space import RESOLVED_REPEATS, Proposal, Space
-from feedrate.search.tuner import RETUNE_STALL, WATCH_BATCHES, OnlineTuner, online
+from feedrate.search.tuner import OnlineTuner, online
+from feedrate.search.watch import RETUNE_STALL, WATCH_BATCHES
 
 MiB = 2**20
 
@@ -121,6 +122,19 @@ def test_a_trial_is_done_after_enough_batches_and_seconds() -> None:
     assert timing(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S)
     assert not timing(0.01, 0.09, TRIAL_BATCHES - 1).done(TRIAL_S)  # too few batches
     assert not timing(0.01, 0.09, TRIAL_BATCHES).done(TRIAL_S * 0.9)  # too short
+
+
+def test_a_trial_says_what_share_of_the_loop_s_wait_it_spent_on_a_cpu() -> None:
+    # The hand-off's cost in the main process: the loop on a CPU while it waits in next(),
+    # over the measured batches only (the warm-up's receive a queue made before the window).
+    tuner = tuner_from(2)
+    tuner.new_epoch(None)
+    tuner.lane_started(0.0)
+    trial = tuner.trial
+    assert trial is not None and trial.warmup == 4
+    for i in range(4 + 16):
+        tuner.observe(16, 0.010, 0.030, (i + 1) * 0.04, busy=0.001 if i < 4 else 0.006)
+    assert trial.result(None, None).wait_cpu == pytest.approx(0.6)
 
 
 def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:

@@ -46,7 +46,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import thread_safety
-from feedrate.measuring.runqueue import Marks, Queued, wait_and_step
+from feedrate.measuring.runqueue import Mark, Marks, Queued, busy, wait_and_step
 from feedrate.results.autotune import AutotuneReport
 from feedrate.search.actions import Action, CheckThreads, Settle
 from feedrate.search.space import Proposal
@@ -215,7 +215,7 @@ class AutoLoader(delegation.Surface):
             got = self._mark()
             yield batch
             back = self._mark()
-            self._observe(lane, batch, *wait_and_step(began, got, back), back[0])
+            self._observe(lane, batch, began, got, back)
             began = back  # this loader's own work until the next batch: the loop waits for it
             if (
                 self._next is None
@@ -239,7 +239,7 @@ class AutoLoader(delegation.Surface):
             got = self._mark()
             yield batch
             back = self._mark()
-            self._observe(lane, batch, *wait_and_step(began, got, back), back[0])
+            self._observe(lane, batch, began, got, back)
             began = back
         self._epoch_end()
 
@@ -259,9 +259,12 @@ class AutoLoader(delegation.Surface):
         self._follow(lane, now)
         return lane
 
-    def _observe(self, lane: Lane, batch: Any, wait: float, step: float, now: float) -> None:
+    def _observe(self, lane: Lane, batch: Any, asked: Mark, got: Mark, back: Mark) -> None:
+        """A batch asked for at ``asked``, got at ``got``; the loop asked again at ``back``."""
         size = batch_nbytes(batch) if self._tuner.wants_batch_bytes else None
-        self._tuner.observe(self._count(batch), wait, step, now, size)
+        wait, step = wait_and_step(asked, got, back)
+        now = back[0]
+        self._tuner.observe(self._count(batch), wait, step, now, size, busy(asked, got))
         if self._job is not None and self._tuner.watch_due is not None:
             self._job.watch(self._tuner, now)  # a watch stretch ends on every rank here
         self._follow(lane, now)

@@ -65,7 +65,7 @@ def _open(tid: int) -> int | None:
 
 
 def never() -> float:
-    """No run-queue time: the wait is the clock's alone (tests, a fake clock)."""
+    """No run-queue time (or CPU time): the wait is the clock's alone (tests, a fake clock)."""
     return 0.0
 
 
@@ -75,24 +75,33 @@ def beside(clock: Callable[[], float]) -> Queued:
     return ThreadQueued() if clock is time.perf_counter else never
 
 
-#: A reading of the loop's clock and its thread's run-queue time, both in seconds.
-Mark = tuple[float, float]
+#: A reading of the loop's clock, its thread's run-queue time and its time on a CPU (s).
+Mark = tuple[float, float, float]
 
 
 class Marks:
-    """Call it for a ``Mark``: ``clock()`` and ``queued`` (default: ``beside(clock)``)."""
+    """Call it for a ``Mark``: ``clock()``, ``queued`` (default: ``beside(clock)``) and, on the
+    real clock, the thread's CPU clock (``schedstat``'s own CPU time lags a running thread by
+    up to a scheduler tick, as long as a small batch takes to arrive; a fake clock reads 0)."""
 
     def __init__(self, clock: Callable[[], float], queued: Queued | None = None) -> None:
         self.clock, self.queued = clock, queued or beside(clock)
+        self.on_cpu = time.thread_time if clock is time.perf_counter else never
 
     def __call__(self) -> Mark:
-        return self.clock(), self.queued()
+        return self.clock(), self.queued(), self.on_cpu()
 
 
 def wait_and_step(asked: Mark, got: Mark, back: Mark) -> tuple[float, float]:
     """The loop's wait in ``next()`` (asked for a batch at ``asked``, got it at ``got``) and its
     step until it asked again at ``back``, the wait's run-queue time moved to the step."""
     return split(got[0] - asked[0], back[0] - got[0], got[1] - asked[1])
+
+
+def busy(asked: Mark, got: Mark) -> float:
+    """The loop thread's seconds on a CPU while it waited in ``next()`` (receiving the batch:
+    the hand-off from a worker, in the main process)."""
+    return max(0.0, got[2] - asked[2])
 
 
 def split(wait: float, step: float, queued: float) -> tuple[float, float]:

@@ -62,6 +62,9 @@ class Trial:
     shm_peak_bytes: int | None = None
     batch_bytes: int | None = None
     stall_fraction: float | None = None
+    #: Online: the share of the loop's wait in ``next()`` its thread spent on a CPU, receiving
+    #: batches (the hand-off from the workers); the rest it waited for them. None offline.
+    wait_cpu: float | None = None
     system_busy_cpus: float | None = None
     #: Device seconds per batch of the copy to the accelerator, where there is one.
     copy_s_per_batch: float | None = None

@@ -47,8 +47,8 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     waited and more of them did help (latency-bound: without them the loop would wait on every
     read), nor when busy workers made small batches (the work itself is the cost) while the
     main process stayed mostly idle; idle workers that more of them did not speed up, busy ones
-    making big batches, or a main process busy ``MAIN_HANDOFF`` of a core receiving batches
-    point at the copies between processes instead. Never where no worker made a
+    making big batches, or a main process busy receiving batches (``receiving``) point at the
+    copies between processes instead. Never where no worker made a
     ``ZERO_GAIN``-th of the fastest's rate: alone, the main process does one worker's work
     (after a re-tune, which forgets the counts that scaled, latency-bound trials of 24 and 45
     workers at 54 and 27 samples/s each against 1,300 in all)."""
@@ -63,7 +63,7 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
         return None
     kind = bottleneck(best, space.cpus)
     fewest = min(main, key=lambda t: t.config.num_workers)
-    handoff = best.main_cpu >= MAIN_HANDOFF
+    handoff = receiving(best)
     if kind == "latency" and best is not fewest and beats(best, fewest) and not handoff:
         return None
     if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH and not handoff:
@@ -71,10 +71,34 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
 
 
+def receiving(t: Trial) -> bool:
+    """The main process of ``t`` was busy receiving batches: ``MAIN_HANDOFF`` of a core, or its
+    loop's thread on a CPU ``WAIT_HANDOFF`` of its wait in ``next()`` at a cost of at least
+    ``HANDOFF_SHARE`` of the workers' CPU time. More workers only add to that hand-off; no
+    workers removes it."""
+    if t.config.num_workers == 0:
+        return False
+    on_cpu = t.wait_cpu or 0.0
+    per_s = on_cpu * (t.stall_fraction or 0.0)  # CPU seconds of the loop's thread, receiving
+    handoff = on_cpu >= WAIT_HANDOFF and per_s >= HANDOFF_SHARE * t.workers_cpu
+    return t.main_cpu >= MAIN_HANDOFF or handoff
+
+
 #: Online, a main process this busy (share of a core) receiving small batches spends a real part
 #: of the pipeline's cost on the hand-off between processes, which no workers saves: tabular rows
 #: and dict records measure 0.45-0.5 at 2 workers, a tokenizer and skewed CPU work 0.06-0.15.
 MAIN_HANDOFF = 0.3
+
+#: Online, the loop's thread on a CPU this share of its wait in ``next()``, and that CPU time at
+#: least ``HANDOFF_SHARE`` of the workers', is receiving batches: the step's own CPU does not
+#: count, as it does in ``MAIN_HANDOFF``. The share alone is not enough: a loop fed well waits
+#: only for the hand-off itself. Measured in autotune's trials on a busy 2-CPU machine (share,
+#: then CPU against the workers'): tabular rows 0.67-0.81 and 0.32-0.43 (the process read
+#: 0.22-0.28 of a core in all), dict records 0.69-0.80 and 0.47-0.57; skewed CPU work
+#: 0.12-0.74 and 0.07-0.10, a tokenizer 0.80-0.88 and 0.10, images 0.52-0.77 and 0.03, remote
+#: reads 0.01-0.52 and 0.21-0.26 (kept from no workers by ``ZERO_GAIN`` and its idle loop).
+WAIT_HANDOFF = 0.5
+HANDOFF_SHARE = 0.3
 
 #: How much faster than one worker the main process alone may load, without the copies between
 #: processes: 12 MiB batches measured 2.5x (``large``: 18.9 s an epoch without workers, 47.7 s

@@ -99,6 +99,7 @@ class TrialTiming:
     samples: list[int] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
     steps: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)  # of each wait, on a CPU (the hand-off)
     batch_bytes: int | None = None  # of the first batch: the search reads it (copies)
     rival: float | None = None  # samples/s of the fastest trial so far, where there is one
     from_switch: bool = False  # began at a switch within an epoch (a lane started meanwhile)
@@ -176,10 +177,11 @@ class TrialTiming:
         self.marks.append(self.measured)
         self.leads.append(lead_s)
 
-    def add(self, samples: int, wait: float, step: float, now: float) -> None:
+    def add(self, samples: int, wait: float, step: float, now: float, busy: float = 0.0) -> None:
         self.samples.append(samples)
         self.waits.append(wait)
         self.steps.append(step)
+        self.busy.append(busy)
         if len(self.steps) == self.warmup:
             self._open(now)
 
@@ -266,6 +268,7 @@ class TrialTiming:
                 span=True,  # judged on what it delivered: see Spread
             ),
             stall_fraction=stall,
+            wait_cpu=min(1.0, sum(self.busy[self.warmup : end]) / sum(w)) if sum(w) > 0 else None,
             startup_s=self.startup_s,
             batch_bytes=self.batch_bytes,
             **(probe_fields(processes) if processes is not None else {}),

@@ -26,7 +26,7 @@ from dataclasses import replace
 from feedrate.results.trial import Trial
 from feedrate.search import scaling
 from feedrate.search.bottleneck import bottleneck
-from feedrate.search.online_steps import fewer, zero
+from feedrate.search.online_steps import fewer, receiving, zero
 from feedrate.search.space import (
     AIM_MARGIN,
     BIG_BATCH,
@@ -270,7 +270,10 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     top = max(main, key=lambda t: t.config.num_workers)
     w = top.config.num_workers
     lower = [t for t in main if t.config.num_workers < w]
-    if lower and w > 1:
+    # One worker may trail none (its copies) and more still scale; not where the main process
+    # is busy receiving what it makes (tabular rows after a re-tune: 1 worker at half the rate
+    # of none, then 2, 4 and 7 all behind it).
+    if lower and (w > 1 or receiving(top)):
         prev = max(lower, key=lambda t: t.config.num_workers)
         if beats(prev, top) or (slows_the_loop(top, prev) and not beats(top, prev)):
             return None  # they compete for the CPUs (with the loop too): more would compete more

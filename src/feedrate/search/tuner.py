@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.autotune import AutotuneReport, Event
@@ -32,42 +32,10 @@ from feedrate.search.actions import Action, CheckThreads, Settle, Try
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, propose_online, repeat_costs, unresolved
-from feedrate.search.space import STALL_MARGIN, Proposal, Space, covers, eligible, fastest
-
-#: While watching: the stall over a stretch of at least this many batches and seconds, above
-#: ``RETUNE_STALL``, starts tuning again.
-WATCH_BATCHES = 64
-WATCH_S = 2.0
-RETUNE_STALL = 2 * STALL_MARGIN
-
-#: Windows in a row whose stall exceeds the settled one by ``RETUNE_STALL`` to tune again.
-RETUNE_WINDOWS = 2
+from feedrate.search.space import Proposal, Space, covers, eligible, fastest
+from feedrate.search.watch import RETUNE_STALL, RETUNE_WINDOWS, WATCH_BATCHES, WATCH_S, Watch
 
 BUDGET_S = 60.0  # the default ``budget_s``: training seconds a round may spend on trials
-
-
-@dataclass
-class Watch:
-    """Once settled: the waits and steps (s) of the stretch being watched, of at least
-    ``need`` batches and (unless ``counted``: batches only) ``WATCH_S`` seconds."""
-
-    need: int = WATCH_BATCHES
-    counted: bool = False
-    waited: float = 0.0
-    stepped: float = 0.0
-    batches: int = 0
-
-    def add(self, wait: float, step: float) -> float | None:
-        """The stall of the stretch this batch completes (the next one begins), else None."""
-        self.waited += wait
-        self.stepped += step
-        self.batches += 1
-        total = self.waited + self.stepped
-        if self.batches < self.need or (not self.counted and total < WATCH_S):
-            return None
-        stall = self.waited / total
-        self.waited, self.stepped, self.batches = 0.0, 0.0, 0
-        return stall
 
 
 def online(cfg: LoaderConfig) -> LoaderConfig:
@@ -161,10 +129,16 @@ class OnlineTuner:
         self.trial.start(now, lead_s)
 
     def observe(
-        self, samples: int, wait: float, step: float, now: float, batch_bytes: int | None = None
+        self,
+        samples: int,
+        wait: float,
+        step: float,
+        now: float,
+        batch_bytes: int | None = None,
+        busy: float = 0.0,
     ) -> None:
-        """One batch of ``samples`` reached the loop after ``wait`` s in ``next()``; the loop's
-        step took ``step`` s and ended at ``now``."""
+        """One batch of ``samples`` reached the loop after ``wait`` s in ``next()`` (``busy`` of
+        them on a CPU); the loop's step took ``step`` s and ended at ``now``."""
         self.batch += 1
         if self.pending is not None:
             return  # a replaced lane drains: not the next trial's figures
@@ -172,7 +146,7 @@ class OnlineTuner:
         if trial is not None:
             if trial.batch_bytes is None:
                 trial.batch_bytes = batch_bytes
-            trial.add(samples, wait, step, now)
+            trial.add(samples, wait, step, now, busy)
             return
         stall = self._watch.add(wait, step)
         if stall is None:
