@@ -92,11 +92,12 @@ MAIN_HANDOFF = 0.3
 #: Online, the loop's thread on a CPU this share of its wait in ``next()``, and that CPU time at
 #: least ``HANDOFF_SHARE`` of the workers', is receiving batches: the step's own CPU does not
 #: count, as it does in ``MAIN_HANDOFF``. The share alone is not enough: a loop fed well waits
-#: only for the hand-off itself. Measured in autotune's trials on a busy 2-CPU machine (share,
-#: then CPU against the workers'): tabular rows 0.67-0.81 and 0.32-0.43 (the process read
-#: 0.22-0.28 of a core in all), dict records 0.69-0.80 and 0.47-0.57; skewed CPU work
-#: 0.12-0.74 and 0.07-0.10, a tokenizer 0.80-0.88 and 0.10, images 0.52-0.77 and 0.03, remote
-#: reads 0.01-0.52 and 0.21-0.26 (kept from no workers by ``ZERO_GAIN`` and its idle loop).
+#: only for the hand-off itself. Measured in autotune's trials on a 2-CPU machine, busy and less
+#: so (share, then CPU against the workers'; ``benchmarks/handoff.py``): tabular rows 0.63-0.85
+#: and 0.32-0.51 (the process read 0.20-0.28 of a core in all), dict records 0.64-0.80 and
+#: 0.45-0.57; skewed CPU work 0.12-0.74 and 0.04-0.10, a tokenizer 0.80-0.91 and 0.09-0.10,
+#: images 0.52-0.92 and 0.02-0.03, remote reads 0.01-0.62 and 0.17-0.26 (kept from no workers
+#: by ``ZERO_GAIN`` and, with few workers, its idle loop).
 WAIT_HANDOFF = 0.5
 HANDOFF_SHARE = 0.3
 
