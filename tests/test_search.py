@@ -25,6 +25,7 @@ class Figures:
     worker_cpu: float  # each
     noise: float = 0.02
     worker_uss: int = 20 * 2**20
+    wait_cpu: float | None = None  # online: share of the loop's wait on a CPU
 
 
 Model = Callable[[LoaderConfig], Figures]
@@ -46,6 +47,7 @@ def make_trial(cfg: LoaderConfig, why: str, f: Figures, consumer: float | None) 
         worker_uss_max_bytes=f.worker_uss if cfg.num_workers else None,
         batch_bytes=2**20,
         stall_fraction=stall,
+        wait_cpu=f.wait_cpu,
     )
 
 
@@ -432,7 +434,8 @@ def test_online_tries_no_workers_when_idle_workers_did_not_scale() -> None:
     # limit, so no workers is worth a trial. Where more idle workers did help (remote reads),
     # no-workers is never tried.
     def ipc(cfg: LoaderConfig) -> Figures:
-        return Figures(150_000.0 if cfg.num_workers == 0 else 76_000.0, 0.26, 0.25)
+        rate = 150_000.0 if cfg.num_workers == 0 else 76_000.0
+        return Figures(rate, 0.26, 0.25, wait_cpu=0.8)  # the loop's wait mostly receiving
 
     start = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
     s = space(cpus=2, consumer=True, baseline=start)
@@ -440,6 +443,23 @@ def test_online_tries_no_workers_when_idle_workers_did_not_scale() -> None:
     assert [t.config.num_workers for t in trials] == [2, 4, 0]
     remote = online(s, latency_bound(per_worker=100, ceiling=1300), 1700.0, start)
     assert all(t.config.num_workers > 0 for t in remote)
+
+
+def test_online_does_not_try_no_workers_where_the_workers_cpu_would_stall_the_loop() -> None:
+    # Skewed CPU work, nearly fed (autotune's trials): 2 and 3 workers deliver alike, the loop
+    # waits 10%, the workers are half idle for want of a faster loop. Their 0.9 of a core,
+    # moved into the loop, would stall it about half the time (no workers measured 0.49).
+    s = space(cpus=2, consumer=True, baseline=online_cfg(2))
+    trials = []
+    for w, rate, stall, main, on_cpu, work in (
+        (2, 1214.0, 0.104, 0.10, 0.62, 0.94),
+        (3, 1200.0, 0.095, 0.12, 0.78, 0.90),
+    ):
+        t = make_trial(online_cfg(w), "x", Figures(rate, main, work / w, wait_cpu=on_cpu), None)
+        t.stall_fraction, t.batch_bytes = stall, 4096
+        trials.append(t)
+    proposal = propose_online(s, trials)
+    assert proposal is None or proposal[0].num_workers > 0, proposal
 
 
 def test_online_does_not_try_no_workers_where_one_worker_makes_a_sliver_of_the_rate() -> None:

@@ -8,6 +8,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.space import (
     BIG_BATCH,
+    STALL_MARGIN,
     ZERO_STALL,
     Proposal,
     Space,
@@ -45,11 +46,13 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     """Online, once more workers stopped helping and none feeds the loop: no workers at all
     (cheap samples are fastest without inter-process copies). Not when the workers mostly
     waited and more of them did help (latency-bound: without them the loop would wait on every
-    read), nor when busy workers made small batches (the work itself is the cost) while the
-    main process stayed mostly idle; idle workers that more of them did not speed up, busy ones
-    making big batches, or a main process busy receiving batches (``receiving``) point at the
-    copies between processes instead. Never where no worker made a
-    ``ZERO_GAIN``-th of the fastest's rate: alone, the main process does one worker's work
+    read), nor, with small batches and the main process not busy receiving them, when the
+    workers were busy (the work itself is the cost) or their CPU time, moved into the loop,
+    would stall it more than the fastest did (``zero_stall``: skewed CPU work and a tokenizer
+    nearly fed, their workers idle for want of a faster loop). Idle workers that more of them
+    did not speed up, busy ones making big batches, or a main process busy receiving batches
+    (``receiving``) point at the copies between processes instead. Never where no worker made
+    a ``ZERO_GAIN``-th of the fastest's rate: alone, the main process does one worker's work
     (after a re-tune, which forgets the counts that scaled, latency-bound trials of 24 and 45
     workers at 54 and 27 samples/s each against 1,300 in all)."""
     main = series(space, trials)
@@ -66,8 +69,10 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     handoff = receiving(best)
     if kind == "latency" and best is not fewest and beats(best, fewest) and not handoff:
         return None
-    if kind == "cpu" and (best.batch_bytes or 0) < BIG_BATCH and not handoff:
-        return None
+    small = (best.batch_bytes or 0) < BIG_BATCH
+    worse = zero_stall(best) > (best.stall_fraction or 0.0) + STALL_MARGIN
+    if small and not handoff and (kind == "cpu" or worse):
+        return None  # the workers' work, moved into the loop, would stall it more than now
     return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
 
 
