@@ -399,6 +399,43 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
     assert any(e.what.startswith("stay on") for e in report.events), report
 
 
+def test_a_lane_with_no_thread_to_start_on_loses_no_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where no thread can be had (a thread limit, memory), the next lane's start fails as a
+    # failed fork does: found at the take-over, the lane in use goes on, every batch once.
+    real = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "feedrate-lane-start":
+            raise RuntimeError("can't start new thread")
+        real(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    report = same_epoch_tuned(seed=2)
+    assert any("can't start new thread" in (t.error or "") for t in report.trials), report
+
+
+def test_a_lane_starts_its_workers_on_the_loop_s_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A new thread's current CUDA device is 0: DataLoader would pin the lane's batches there
+    # (a second CUDA context on GPU 0 from every rank of a job). The start's thread takes the
+    # loop's device.
+    set_on: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: set_on.append((threading.current_thread().name, d))
+    )
+    loader = DataLoader(TinyDataset(64), batch_size=8)
+    lane = Lane(loader, LoaderConfig(0), True, 0)
+    try:
+        lane.begin(lanes.Stream(iter(loader.batch_sampler), len(loader)))  # type: ignore[arg-type]
+        lane.ready()
+        assert lane.it is not None and len(next(lane.it)) == 8
+    finally:
+        lane.close()
+    assert set_on == [("feedrate-lane-start", 3)]
+
+
 def test_the_next_lane_starts_beside_the_loop_and_a_stop_meanwhile_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -134,8 +134,12 @@ class Lane:
         takes no more of ``stream``): forking many workers takes seconds (10 to 35 ms each on a
         2-CPU machine), which the loop would otherwise wait. ``ready`` waits for it."""
 
+        device = loop_device()
+
         def run() -> None:
             try:
+                if device is not None:  # a new thread starts on GPU 0: pin on the loop's GPU
+                    torch.cuda.set_device(device)
                 # Not quiet_worker_count_warning: warnings' filters are the whole process's,
                 # not a thread's; allow_many_workers keeps this loader from warning.
                 self.start(stream, keep=keep, quiet=False)
@@ -143,7 +147,10 @@ class Lane:
                 self._failed = exc
 
         self._starting = threading.Thread(target=run, name="feedrate-lane-start", daemon=True)
-        self._starting.start()
+        try:
+            self._starting.start()
+        except RuntimeError as exc:  # no thread to be had: the take-over finds it, as a fork's
+            self._starting, self._failed = None, exc
 
     def ready(self) -> None:
         """Wait for ``begin``'s start to end; raise what it raised (its batches are back in
@@ -215,6 +222,7 @@ class Lane:
         if self._starting is not None:
             self._starting.join()
             self._starting = None
+        self._failed = None  # its traceback holds the half-started iterator
         if self.it is not None:
             stop_workers(self.it)
             self.it = None
@@ -223,3 +231,11 @@ class Lane:
             stop_workers(persistent)
             self.loader._iterator = None
         fetching.close(self.loader.dataset)
+
+
+def loop_device() -> int | None:
+    """The calling thread's current CUDA device, where CUDA is in use (a thread that starts a
+    lane for it sets the same, or DataLoader would pin its batches on GPU 0)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return None
+    return torch.cuda.current_device()

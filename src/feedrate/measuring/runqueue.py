@@ -99,8 +99,9 @@ def wait_and_step(asked: Mark, got: Mark, back: Mark) -> tuple[float, float]:
 
 
 def busy(asked: Mark, got: Mark) -> float:
-    """The loop thread's seconds on a CPU while it waited in ``next()`` (receiving the batch:
-    the hand-off from a worker, in the main process)."""
+    """The loop thread's seconds on a CPU while it waited in ``next()``: receiving the batch
+    (the hand-off from a worker, in the main process), and autotune's own bookkeeping of the
+    batch before (a few microseconds)."""
     return max(0.0, got[2] - asked[2])
 
 

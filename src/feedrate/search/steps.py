@@ -270,10 +270,10 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     top = max(main, key=lambda t: t.config.num_workers)
     w = top.config.num_workers
     lower = [t for t in main if t.config.num_workers < w]
-    # One worker may trail none (its copies) and more still scale; not where the main process
-    # is busy receiving what it makes (tabular rows after a re-tune: 1 worker at half the rate
-    # of none, then 2, 4 and 7 all behind it).
-    if lower and (w > 1 or receiving(top)):
+    # One worker may trail none (its copies) and more still scale; not, online, where the loop's
+    # thread is busy receiving what it makes (tabular rows after a re-tune: 1 worker at half
+    # the rate of none, then 2, 4 and 7 all behind it). Offline there is no such reading.
+    if lower and (w > 1 or (top.wait_cpu is not None and receiving(top))):
         prev = max(lower, key=lambda t: t.config.num_workers)
         if beats(prev, top) or (slows_the_loop(top, prev) and not beats(top, prev)):
             return None  # they compete for the CPUs (with the loop too): more would compete more
