@@ -42,16 +42,16 @@ PIPELINES = "tabular,records,skewed,tokenize,images,remote"
 
 
 def row(t: Trial) -> dict[str, Any]:
-    on_cpu, stall = t.wait_cpu or 0.0, t.stall_fraction or 0.0
     return {
         "config": t.config.label(),
         "workers": t.config.num_workers,
         "samples_per_s": t.median,
-        "stall": stall,
+        "stall": t.stall_fraction or 0.0,
         "main_cpu": t.main_cpu,
         "workers_cpu": t.workers_cpu,
         "wait_cpu": t.wait_cpu,
-        "against_workers": on_cpu * stall / t.workers_cpu if t.workers_cpu > 0 else None,
+        "receive_cpu": t.receive_cpu,
+        "against_workers": (t.receive_cpu or 0.0) / t.workers_cpu if t.workers_cpu > 0 else None,
         "receiving": receiving(t),
     }
 

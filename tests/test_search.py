@@ -48,6 +48,7 @@ def make_trial(cfg: LoaderConfig, why: str, f: Figures, consumer: float | None) 
         batch_bytes=2**20,
         stall_fraction=stall,
         wait_cpu=f.wait_cpu,
+        receive_cpu=None if f.wait_cpu is None or stall is None else f.wait_cpu * stall,
     )
 
 
@@ -456,7 +457,7 @@ def test_online_does_not_try_no_workers_where_the_workers_cpu_would_stall_the_lo
         (3, 1200.0, 0.095, 0.12, 0.78, 0.90),
     ):
         t = make_trial(online_cfg(w), "x", Figures(rate, main, work / w, wait_cpu=on_cpu), None)
-        t.stall_fraction, t.batch_bytes = stall, 4096
+        t.stall_fraction, t.batch_bytes, t.receive_cpu = stall, 4096, on_cpu * stall
         trials.append(t)
     proposal = propose_online(s, trials)
     assert proposal is None or proposal[0].num_workers > 0, proposal
@@ -502,6 +503,7 @@ def test_online_one_worker_far_behind_none_stops_where_the_main_process_is_recei
         for w, rate in ((0, 62_500.0), (1, 31_600.0))
     ]
     trials[1].wait_cpu = wait_cpu
+    trials[1].receive_cpu = wait_cpu * (trials[1].stall_fraction or 0.0)
     proposal = propose_online(s, trials)
     assert (proposal is not None and proposal[0].num_workers > 1) is more, proposal
 
@@ -530,6 +532,7 @@ def test_a_main_process_is_receiving_where_the_hand_off_is_a_real_share_of_the_c
         workers_cpu=workers_cpu,
         stall_fraction=stall,
         wait_cpu=wait_cpu,
+        receive_cpu=wait_cpu * stall,
     )
     assert receiving(t) is busy
 
@@ -590,6 +593,7 @@ def test_online_a_main_process_busy_receiving_batches_tries_no_workers(
     ]
     for t in trials:
         t.wait_cpu = wait_cpu
+        t.receive_cpu = None if wait_cpu is None else wait_cpu * (t.stall_fraction or 0.0)
     proposal = propose_online(s, trials)
     assert (proposal is not None and proposal[0].num_workers == 0) is tries_zero
 

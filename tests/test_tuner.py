@@ -126,7 +126,8 @@ def test_a_trial_is_done_after_enough_batches_and_seconds() -> None:
 
 def test_a_trial_says_what_share_of_the_loop_s_wait_it_spent_on_a_cpu() -> None:
     # The hand-off's cost in the main process: the loop on a CPU while it waits in next(),
-    # over the measured batches only (the warm-up's receive a queue made before the window).
+    # over the measured batches only (the warm-up's receive a queue made before the window),
+    # as a share of the wait and per second of the trial.
     tuner = tuner_from(2)
     tuner.new_epoch(None)
     tuner.lane_started(0.0)
@@ -134,7 +135,11 @@ def test_a_trial_says_what_share_of_the_loop_s_wait_it_spent_on_a_cpu() -> None:
     assert trial is not None and trial.warmup == 4
     for i in range(4 + 16):
         tuner.observe(16, 0.010, 0.030, (i + 1) * 0.04, busy=0.001 if i < 4 else 0.006)
-    assert trial.result(None, None).wait_cpu == pytest.approx(0.6)
+    result = trial.result(None, None)
+    assert result.wait_cpu == pytest.approx(0.6)
+    assert result.receive_cpu == pytest.approx(0.15)  # of the loop's time: against the workers'
+    # A loop slower than the rate asked for reads a larger stall; not a larger hand-off.
+    assert trial.result(1e9, None).receive_cpu == pytest.approx(0.15)
 
 
 def test_a_starved_trial_is_judged_on_half_as_many_batches() -> None:

@@ -65,6 +65,9 @@ class Trial:
     #: Online: the share of the loop's wait in ``next()`` its thread spent on a CPU, receiving
     #: batches (the hand-off from the workers); the rest it waited for them. None offline.
     wait_cpu: float | None = None
+    #: Online: those seconds on a CPU per second of the trial (share of a core), the hand-off's
+    #: cost in the loop's thread, against ``workers_cpu``. None offline.
+    receive_cpu: float | None = None
     system_busy_cpus: float | None = None
     #: Device seconds per batch of the copy to the accelerator, where there is one.
     copy_s_per_batch: float | None = None

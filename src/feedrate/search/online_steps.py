@@ -83,8 +83,7 @@ def receiving(t: Trial) -> bool:
     workers removes it."""
     if t.config.num_workers == 0:
         return False
-    on_cpu = t.wait_cpu or 0.0
-    per_s = on_cpu * (t.stall_fraction or 0.0)  # CPU seconds of the loop's thread, receiving
+    on_cpu, per_s = t.wait_cpu or 0.0, t.receive_cpu or 0.0
     handoff = on_cpu >= WAIT_HANDOFF and per_s >= HANDOFF_SHARE * t.workers_cpu
     return t.main_cpu >= MAIN_HANDOFF or handoff
 

@@ -252,6 +252,7 @@ class TrialTiming:
         n = self.samples[self.warmup : end]
         lead = sum(self.leads)  # epochs timed whole: from their iter(), as measure does
         total = sum(w) + sum(s) + lead
+        busy = sum(self.busy[self.warmup : end])  # the loop's thread on a CPU in next()
         delivered = sum(n) / total if total > 0 else 0.0
         stall = (sum(w) + lead) / total if total > 0 else None
         if rate is not None and stall is not None:
@@ -268,7 +269,8 @@ class TrialTiming:
                 span=True,  # judged on what it delivered: see Spread
             ),
             stall_fraction=stall,
-            wait_cpu=min(1.0, sum(self.busy[self.warmup : end]) / sum(w)) if sum(w) > 0 else None,
+            wait_cpu=min(1.0, busy / sum(w)) if sum(w) > 0 else None,
+            receive_cpu=busy / total if total > 0 else None,
             startup_s=self.startup_s,
             batch_bytes=self.batch_bytes,
             **(probe_fields(processes) if processes is not None else {}),
