@@ -162,6 +162,15 @@ class Lane:
         if failed is not None:
             raise failed
 
+    def start_error(self) -> str | None:
+        """``ready``, as a take-over reads it: None, or why the workers did not start (memory,
+        /dev/shm, open files, no thread); the batches this lane took are back in the stream."""
+        try:
+            self.ready()
+        except Exception as exc:
+            return str(exc)
+        return None
+
     def restart(self, stream: Stream) -> None:
         """After a drain (the next lane could not start): go on with ``stream``'s next batches,
         the persistent workers kept."""

@@ -317,7 +317,8 @@ class AutoLoader(delegation.Surface):
             nxt = self._job.switch(self._tuner, lane, stream, proposal, self._switch_at, make)
             if nxt is None:
                 self._follow(lane, self._clock())
-            self._moving = proposal
+            else:
+                self._moving = proposal
             return nxt
         nxt = make()
         lane.freeze()  # from here on the stream's batches are the next lane's
@@ -332,14 +333,7 @@ class AutoLoader(delegation.Surface):
         drained lane goes on with the epoch's next batches."""
         nxt, proposal = self._next, self._moving
         assert nxt is not None and proposal is not None
-        if self._job is not None:
-            error = self._job.take_over(nxt, stream)
-        else:
-            try:
-                nxt.ready()
-                error = None
-            except Exception as exc:
-                error = str(exc)
+        error = nxt.start_error() if self._job is None else self._job.take_over(nxt, stream)
         self._next = self._moving = None
         if error is not None:
             nxt.close()

@@ -164,11 +164,7 @@ class Job:
         """Once the lane in use drained (batch ``at``, so at the same batch on every rank):
         whether ``nxt`` started on every rank. None, or the first rank's failure, named; then
         none takes over (the batches ``nxt`` took are back in ``stream``; close it)."""
-        error = None
-        try:
-            nxt.ready()
-        except Exception as exc:  # its batches went back to the stream
-            error = str(exc)
+        error = nxt.start_error()
         try:
             failed_on = self.started(error)
         except BaseException:
