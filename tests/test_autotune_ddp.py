@@ -375,7 +375,11 @@ def test_two_ranks_keep_their_shard_order_and_switch_together(tmp_path: Path, mo
     assert [(e, i, lane, cfg) for e, i, _, lane, cfg in logs[0]] == [
         (e, i, lane, cfg) for e, i, _, lane, cfg in logs[1]
     ]
-    assert len({lane for *_, lane, _ in logs[0]}) >= 2, "no switch was made: nothing tested"
+    if mode == "nostart":  # the move was decided while a lane drained, and did not take over
+        # (a later one may or may not, within the two epochs, on a busy machine)
+        assert len({cfg for *_, cfg in logs[0]}) >= 2, "no move was decided: nothing tested"
+    else:
+        assert len({lane for *_, lane, _ in logs[0]}) >= 2, "no switch was made: nothing tested"
 
 
 @pytest.mark.parametrize("mode", ["fail", "fail-lockstep"])
