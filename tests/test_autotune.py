@@ -4,6 +4,7 @@ for the loop that iterates it, the cache, re-tuning, and no worker left behind."
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -492,3 +493,25 @@ def test_measuring_the_configuration_in_use_again_keeps_its_workers(
     report = same_epoch_tuned(seed=3)
     assert again and [t.config for t in report.trials[:2]] == [again[0], again[0]], report
     assert starts[:2] != [again[0], again[0]], starts  # its lane went on
+
+
+def test_a_lane_started_beside_the_loop_has_worker_deaths_signalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DataLoader installs its SIGCHLD handler (a dead worker found at once) from the main
+    # thread only: after an epoch begun without workers, a lane started on the start's thread
+    # would leave a worker's death to DataLoader's 5 s poll. The loop's thread installs it.
+    from torch.utils.data._utils import signal_handling
+
+    monkeypatch.setattr(signal_handling, "_SIGCHLD_handler_set", False)
+    before = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    loader = DataLoader(TinyDataset(64), batch_size=8)
+    lane = Lane(loader, LoaderConfig(1), True, 0)
+    try:
+        lane.begin(lanes.Stream(iter(loader.batch_sampler), len(loader)))  # type: ignore[arg-type]
+        lane.ready()
+        assert len(next(lane.it)) == 8
+        assert signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None)
+    finally:
+        lane.close()
+        signal.signal(signal.SIGCHLD, before)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data._utils import signal_handling
 
 from feedrate.loader import threaded as fetching
 from feedrate.loader.config import LoaderConfig
@@ -135,6 +136,8 @@ class Lane:
         2-CPU machine), which the loop would otherwise wait. ``ready`` waits for it."""
 
         device = loop_device()
+        if self.config.num_workers > 0:
+            worker_deaths_signalled()
 
         def run() -> None:
             try:
@@ -248,3 +251,13 @@ def loop_device() -> int | None:
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return None
     return torch.cuda.current_device()
+
+
+def worker_deaths_signalled() -> None:
+    """DataLoader's SIGCHLD handler, installed from the loop's thread where it is the main one
+    (as DataLoader's first ``iter()`` with workers would): DataLoader installs it from the main
+    thread only, so a lane started on another thread, after an epoch begun without workers,
+    would leave a worker's death to DataLoader's 5 s poll. Once per process; elsewhere a no-op."""
+    set_handler = getattr(signal_handling, "_set_SIGCHLD_handler", None)
+    if set_handler is not None:  # private in torch: where it moved, the 5 s poll remains
+        set_handler()
