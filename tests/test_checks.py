@@ -207,7 +207,7 @@ def test_pin_memory_unused_with_an_accelerator() -> None:
     big = pin_memory_unused_finding(LoaderConfig(2), gpu, 8 * MiB)
     assert big is not None and big.id == "pin-memory-unused" and big.severity == "warning"
     assert "cuda × 1 (NVIDIA H200)" in big.message and "8.0 MiB" in big.message
-    assert "not measure the copy cost" in big.message and "pin_memory=True" in big.fix
+    assert "not timed here" in big.message and "pin_memory=True" in big.fix
     small = pin_memory_unused_finding(LoaderConfig(2), gpu, 4096)
     assert small is not None and small.severity == "info"
     assert pin_memory_unused_finding(LoaderConfig(2, True), gpu, MiB) is None

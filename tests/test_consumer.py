@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from feedrate.errors import UserError
 from feedrate.measuring.consumer import Consumer, make_consumer
+from feedrate.measuring.memory_run import consumer_rate
 
 
 def test_none_without_options() -> None:
@@ -46,3 +48,20 @@ def test_round_trip_and_descriptions() -> None:
     assert Consumer.from_dict(rate.to_dict()) == rate
     step = make_consumer(step_time=0.05)
     assert step is not None and "0.05 s per batch" in step.describe()
+
+
+def test_a_real_steps_first_call_is_not_timed_alone() -> None:
+    # A step's first call builds the model and loads kernels (seconds on a GPU): the rate of the
+    # consumer alone is its steady pace, from the calls after it.
+    now = [0.0]
+    costs: list[float] = []
+
+    def step(batch: object) -> None:
+        costs.append(5.0 if not costs else 0.1)
+        now[0] += costs[-1]
+
+    consumer = Consumer("step", step=step, name="train.py:step")
+    batch = torch.zeros(8, 3)
+    rate = consumer_rate(consumer, batch, 8, seconds=1.0, clock=lambda: now[0])
+    assert rate == pytest.approx(8 / 0.1)
+    assert costs[0] == 5.0 and len(costs) >= 4

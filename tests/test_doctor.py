@@ -21,6 +21,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import workers as experiments
 from feedrate.measuring.consumer import Consumer
+from feedrate.measuring.device import device
 from feedrate.measuring.memory_run import sample_run
 from feedrate.measuring.workers import inspect_workers
 from feedrate.render.console import doctor_report
@@ -270,7 +271,9 @@ def test_a_slow_consumer_is_the_bottleneck() -> None:
     report = doctoring.doctor(loader, step_time=0.02, checks=["bottleneck"], **QUICK)
     assert report.bottleneck == "consumer"
     assert report.consumer_alone_samples_per_s == pytest.approx(800)
-    assert report.loader_alone is not None and report.loader_alone.stall_fraction is None
+    assert report.loader_alone is not None
+    if device() is None:  # with an accelerator the loop copies each batch: its stall is measured
+        assert report.loader_alone.stall_fraction is None
     found = report.finding("bottleneck")
     assert found is not None and "the consumer alone takes 800 samples/s" in found.message
     assert "data-stall" not in ids(report)

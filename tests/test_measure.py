@@ -10,6 +10,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import collect
 from feedrate.measuring.consumer import make_consumer
 from feedrate.measuring.measure import measure
 from feedrate.results.measurement import MEASURE_SCHEMA, Measurement
@@ -62,9 +63,10 @@ def test_iterable_dataset_and_no_batching() -> None:
 
 def test_more_workers_than_cpus_no_warning_but_a_note() -> None:
     loader = DataLoader(SleepDataset(n=256, sleep_s=0.001), batch_size=4)
+    cpus = collect().cpus_usable
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        m = measure(loader, LoaderConfig(num_workers=12), batches=10, windows_count=2)
+        m = measure(loader, LoaderConfig(num_workers=cpus + 4), batches=10, windows_count=2)
     assert any("above the" in n and "usable CPUs" in n for n in m.notes)
 
 
@@ -110,7 +112,9 @@ def test_consumer_stall_is_low_when_loader_is_ahead_and_high_when_behind() -> No
     slow = DataLoader(SleepDataset(n=512, sleep_s=0.01), batch_size=4)
     m = measure(slow, LoaderConfig(0), batches=6, windows_count=2, consumer=make_consumer(rate=1e6))
     assert m.stall_fraction is not None and m.stall_fraction > 0.5
-    assert measure(slow, LoaderConfig(0), batches=2, windows_count=1).stall_fraction is None
+    # No consumer and no copy to a device (device="cpu"): nothing to stall.
+    alone = measure(slow, LoaderConfig(0), batches=2, windows_count=1, device="cpu")
+    assert alone.stall_fraction is None
 
 
 def test_batch_bytes_recorded() -> None:

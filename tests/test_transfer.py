@@ -4,6 +4,7 @@ CUDA (skipped where there is none)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedrate.checks import transfer as checks_transfer
+from feedrate.checks.machine import pin_memory_unused_finding
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
 from feedrate.measuring import device as devices
@@ -26,6 +28,7 @@ from feedrate.measuring.device import (
     to_device,
 )
 from feedrate.measuring.measure import measure
+from feedrate.results.findings import Finding
 from feedrate.results.spread import Spread
 from feedrate.results.transfer import SizeFigures, TransferResult
 from feedrate.results.trial import Trial
@@ -61,6 +64,39 @@ def test_pinning_pays_only_beyond_the_noise() -> None:
     assert not pays and "only locks RAM" in why
     unmeasured = Trial(LoaderConfig(2, pin_memory=True), "x", skipped="over budget")
     assert checks_transfer.pin_pays(trial(False, 1000), unmeasured)[0] is False
+
+
+def test_the_answer_is_pinned_only_where_the_pin_verdict_says_so() -> None:
+    # Seen on an H200: the pinned twin came out 3% ahead (within the noise) and was recommended,
+    # while the verdict beside it said pinning "only locks RAM". The answer follows the verdict.
+    pageable, pinned = trial(False, 1000, 0.0013), trial(True, 1010, 0.0002)
+    both = [pageable, pinned]
+    assert checks_transfer.settle_pin(pinned, both) is pageable
+    assert checks_transfer.settle_pin(pageable, both) is pageable
+    faster = trial(True, 1300, 0.0002)
+    assert checks_transfer.settle_pin(pageable, [pageable, faster]) is faster
+    assert checks_transfer.settle_pin(faster, [pageable, faster]) is faster
+    alone = trial(False, 1000)
+    assert checks_transfer.settle_pin(alone, [alone]) is alone  # nothing measured the other way
+    # With a consumer the rate is the consumer's: what differs is whether it is kept fed.
+    starved = dataclasses.replace(trial(False, 550, 0.00135), stall_fraction=0.07)
+    fed = dataclasses.replace(trial(True, 551, 0.00021), stall_fraction=0.04)
+    assert checks_transfer.settle_pin(starved, [starved, fed], consumer=True) is fed
+    assert checks_transfer.settle_pin(fed, [starved, fed], consumer=True) is fed
+    pays, why = checks_transfer.pin_pays(starved, fed, consumer=True)
+    assert pays and "keep the consumer fed" in why and "waits 4%" in why and "7%" in why
+
+
+def test_a_measured_pin_verdict_replaces_the_static_guess() -> None:
+    # Seen on an H200: tune said pinning "only locks RAM" and, beside it, warned that pageable
+    # copies are slower ("feedrate does not measure the copy cost yet").
+    gpu = {"accelerator": "cuda", "accelerator_count": 1, "accelerator_name": "NVIDIA H200"}
+    guess = pin_memory_unused_finding(LoaderConfig(2), gpu, 8 * 2**20)
+    assert guess is not None and "not timed here" in guess.message
+    verdict = Finding("pin-memory-measured", "info", "on cuda:0: it only locks RAM", "-")
+    other = Finding("too-few-workers", "warning", "more workers", "-")
+    assert checks_transfer.without_guesses([guess, verdict, other]) == [verdict, other]
+    assert checks_transfer.without_guesses([guess, other]) == [guess, other]  # doctor: no verdict
 
 
 def test_pinned_memory_in_flight_and_its_budget() -> None:
@@ -174,8 +210,10 @@ def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.Monke
     pins = {t.config.pin_memory for t in r.trials if t.measured and t.config == r.best.config}
     flipped = [t for t in r.trials if t.reason.startswith("pin_memory=")]
     assert len(flipped) == 1 and flipped[0].measured and pins
-    assert {f.id for f in r.findings} >= {"pin-memory-measured"}
-    assert 'batch = batch.to("cpu", non_blocking=' in r.code
+    verdict = next(f for f in r.findings if f.id == "pin-memory-measured")
+    pays = "only locks RAM" not in verdict.message
+    assert bool(r.best.config.pin_memory) == pays  # the answer says what the verdict says
+    assert f'batch = batch.to("cpu", non_blocking={pays})' in r.code
 
 
 @NO_ACCELERATOR

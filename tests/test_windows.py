@@ -650,6 +650,24 @@ def test_consumer_time_splits_window_into_work_and_stall() -> None:
     assert summarize(t.windows).samples_per_s == 4 / 0.5
 
 
+def test_a_consumers_slow_first_call_is_warm_up_not_the_first_window() -> None:
+    # A real training step's first call builds the model and loads CUDA kernels (seconds on a
+    # GPU): that call is made on the warm-up batch, and the window opens once it returns.
+    clock, loader = scripted(0.125)
+    calls: list[int] = []
+
+    def consume(batch: int, samples: int) -> None:
+        clock.advance(5.0 if not calls else 0.375)
+        calls.append(samples)
+
+    plan = WindowPlan(windows=2, batches=8, warmup_batches=1)
+    t = run(loader, plan, int, clock=clock, consume=consume)
+    assert len(calls) == 9 and t.warmup_batches == 1
+    assert summarize(t.windows).samples_per_s == 4 / 0.5  # 0.125 s to load + 0.375 s to step
+    assert stall_fraction(t.windows) == 0.125 / 0.5
+    assert t.warmup_s == pytest.approx(5.0)  # the first call, apart from the steady state
+
+
 def test_a_wait_the_loop_spent_queued_for_a_cpu_is_no_stall() -> None:
     # Each batch takes 0.125 s to come, of which the loop's thread sat 0.1 s in the run queue
     # (a busy machine): only 0.025 s of it was waiting for data.

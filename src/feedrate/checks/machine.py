@@ -59,8 +59,9 @@ FD_WARN_SHARE = 0.8
 def pin_memory_unused_finding(
     config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None
 ) -> Finding | None:
-    """An accelerator is present and pin_memory is off. The copy cost is not measured yet, so
-    this is a warning only for batches large enough for the copy to matter."""
+    """An accelerator is present and pin_memory is off. This check does not time the copy
+    (``tune`` measures pin_memory both ways, and its verdict replaces this one), so it is a
+    warning only for batches large enough for the copy to matter."""
     accel = machine.get("accelerator", "none")
     if accel == "none" or config.pin_memory:
         return None
@@ -73,7 +74,7 @@ def pin_memory_unused_finding(
         "warning" if big else "info",
         f"an accelerator is present ({device}) and pin_memory is off: {each} copied from "
         "pageable memory, which is slower and cannot overlap compute (non_blocking copies need "
-        "pinned memory); feedrate does not measure the copy cost yet",
+        "pinned memory); not timed here: `feedrate tune` measures pin_memory both ways",
         "DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True)",
     )
 
@@ -243,9 +244,10 @@ DOCS = (
             "memory)."
         ),
         evidence=(
-            "From `doctor` and `tune`: the machine's accelerator, your loader's `pin_memory`, and "
-            "the bytes of a real batch. This check does not measure the copy; `tune`'s "
-            "`pin-memory-measured` does, end to end, and `feedrate transfer` times the copies."
+            "From `doctor`, and `tune` where it could not measure `pin_memory` both ways: the "
+            "machine's accelerator, your loader's `pin_memory`, and the bytes of a real batch. "
+            "This check does not time the copy; `tune`'s `pin-memory-measured` does, end to end, "
+            "and replaces it; `feedrate transfer` times the copies."
         ),
         fix="`DataLoader(..., pin_memory=True)` and `batch.to(device, non_blocking=True)`",
         severity="warning for batches of 1 MiB or more; info for smaller ones",

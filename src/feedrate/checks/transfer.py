@@ -6,13 +6,14 @@ trials, so each rule is tested with synthetic measurements on a machine without 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.transfer import SizeFigures
 from feedrate.results.trial import Trial
-from feedrate.search.space import beats
+from feedrate.search.space import beats, covers
 from feedrate.units import size
 
 #: Pinned (page-locked) memory in flight above this share of the machine's memory is a warning:
@@ -66,9 +67,11 @@ def pinned_finding(config: LoaderConfig, trial: Trial, machine: dict[str, Any]) 
     )
 
 
-def pin_pays(pageable: Trial, pinned: Trial) -> tuple[bool, str]:
+def pin_pays(pageable: Trial, pinned: Trial, consumer: bool = False) -> tuple[bool, str]:
     """From two end-to-end trials (the loop copies each batch to the device) that differ only
-    in pin_memory: whether pinning is worth its locked memory, and why."""
+    in pin_memory: whether pinning is worth its locked memory, and why. Worth it when the
+    pinned loop is faster beyond the noise, or, with a consumer, when only the pinned one keeps
+    it fed (its rate is the consumer's, so the stall is what differs)."""
     if not (pageable.measured and pinned.measured):
         return False, "pin_memory was not measured both ways"
     copy = ""
@@ -80,7 +83,40 @@ def pin_pays(pageable: Trial, pinned: Trial) -> tuple[bool, str]:
     if beats(pinned, pageable):
         gain = pinned.median / pageable.median - 1
         return True, f"pinned memory and non_blocking copies are {gain:.0%} faster end to end{copy}"
+    if consumer and covers(pinned) and not covers(pageable):
+        return True, (
+            "pinned memory and non_blocking copies keep the consumer fed: it waits "
+            f"{pinned.stall_fraction or 0.0:.0%} of the time, against "
+            f"{pageable.stall_fraction or 0.0:.0%} from pageable memory{copy}"
+        )
     return False, f"pinning did not speed the loop beyond the noise{copy}: it only locks RAM"
+
+
+def pin_twin(best: Trial, trials: list[Trial]) -> Trial | None:
+    """The measured trial of ``best``'s settings with pin_memory the other way, if any."""
+    flipped = replace(best.config, pin_memory=not best.config.pin_memory)
+    return next((t for t in trials if t.measured and t.config == flipped), None)
+
+
+def settle_pin(best: Trial, trials: list[Trial], consumer: bool = False) -> Trial:
+    """The answer with pin_memory as its measurement both ways decided (``pin_pays``): a pick
+    made among all trials can be the pinned twin only because it came out ahead within the
+    noise, or the unpinned one though only pinning kept the consumer fed; the recommendation
+    says what the pin verdict says."""
+    other = pin_twin(best, trials)
+    if other is None:
+        return best
+    pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
+    return pinned if pin_pays(pageable, pinned, consumer)[0] else pageable
+
+
+def without_guesses(findings: list[Finding]) -> list[Finding]:
+    """``findings`` less the static ``pin-memory-unused`` (pageable copies are slower, judged
+    from the batch's bytes) where ``pin-memory-measured`` timed pin_memory both ways: the
+    measurement answers what the guess only warns about, and they must not disagree."""
+    if not any(f.id == "pin-memory-measured" for f in findings):
+        return findings
+    return [f for f in findings if f.id != "pin-memory-unused"]
 
 
 def copy_line(device: str, pin: bool) -> str:

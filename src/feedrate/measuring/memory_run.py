@@ -11,12 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
+import torch
 from torch.utils.data import DataLoader
 
 from feedrate.loader.batches import batch_nbytes, count_samples, count_tensors
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style, rebuild
 from feedrate.measuring.consumer import Consumer
+from feedrate.measuring.device import synchronize, to_device
 from feedrate.measuring.failures import IndexReportingDataset
 from feedrate.measuring.inner import worker_handles
 from feedrate.measuring.workers import WORKERS, Workers
@@ -144,9 +146,14 @@ def consumer_rate(
     *,
     seconds: float = 1.0,
     clock: Callable[[], float] = time.perf_counter,
+    device: torch.device | None = None,
 ) -> float | None:
     """Samples/s the consumer takes alone: known for a rate or a step time, timed on ``batch``
-    (at least 3 calls, about ``seconds``) for a real step. None when it cannot be known."""
+    (at least 3 calls, about ``seconds``) for a real step. None when it cannot be known.
+
+    A real step gets the batch as the measured loop gives it: on ``device`` when there is one
+    (copied once, the device waited for around the timed calls). Its first call is not timed:
+    it builds the model, allocates, loads kernels (seconds on a GPU), as the loop's warm-up."""
     samples = count_samples(batch, batch_size or 1) if batch is not None else batch_size
     if consumer.kind == "rate":
         return consumer.samples_per_s
@@ -154,9 +161,16 @@ def consumer_rate(
         return samples / consumer.step_s if samples and consumer.step_s else None
     if batch is None or not samples:
         return None
+    if device is not None:
+        batch = to_device(batch, device, False)
+    consumer(batch, samples)  # warm-up
+    if device is not None:
+        synchronize(device)
     calls, began = 0, clock()
     while calls < 3 or (clock() - began < seconds and calls < 1000):
         consumer(batch, samples)
         calls += 1
+    if device is not None:
+        synchronize(device)
     elapsed = clock() - began
     return samples * calls / elapsed if elapsed > 0 else None

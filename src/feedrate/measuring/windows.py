@@ -221,13 +221,18 @@ class _Runner:
         if self.consume is not None:
             waited, _ = runqueue.split(waited, 0.0, self.queued() - self._asked_queued)
             self.consume(batch, samples)
+            # A batch is done once consumed: windows run from one step's end to another's, so
+            # warm-up ends after its last step (a real step's first calls, which build the model
+            # and load CUDA kernels, are warm-up, not the first window's), and a window holds
+            # as many steps as loads.
+            now = self.clock()
         if whole:
             self._add(samples, waited, now, close_when_full=False)
         elif self._warming():
             self._warmup(now, t_call)
         elif self._add(samples, waited, now, close_when_full=True) and self.done():
             return True
-        if self.consume is not None:
+        if self.consume is not None:  # the hooks' own time (a window opened) is no stall
             self._asked, self._asked_queued = self.clock(), self.queued()
         else:
             self._asked = now

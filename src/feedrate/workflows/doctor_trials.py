@@ -22,6 +22,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring.consumer import Consumer
+from feedrate.measuring.device import device
 from feedrate.measuring.measure import LoaderSource, measure
 from feedrate.measuring.memory_run import consumer_rate
 from feedrate.measuring.shm import main_process_batch
@@ -106,7 +107,9 @@ class Comparison:
         self._choose()
         self._confirm()
         if self.consumer is not None:
-            self.consumer_alone = consumer_rate(self.consumer, batch, self.loader.batch_size)
+            self.consumer_alone = consumer_rate(
+                self.consumer, batch, self.loader.batch_size, device=device()
+            )
 
     @property
     def all_trials(self) -> list[Trial]:

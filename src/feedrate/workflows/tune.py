@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.checks import transfer as checks_transfer
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
 from feedrate.loader.batches import epoch_length, thread_cap
@@ -158,7 +159,8 @@ def tune(
         with interrupts.stoppable():
             result = run.search()
         found = checks(result) if channel is None else tune_node.checked(channel, checks, result)
-        result.findings = by_severity([*result.findings, *found])
+        found = checks_transfer.without_guesses([*result.findings, *found])
+        result.findings = by_severity(found)
         if use_cache and not result.partial:
             cache.save(cache_key, result.to_dict())
         return result

@@ -294,6 +294,8 @@ class TuneSearch:
 
     def finish(self, baseline: Trial) -> TuneResult:
         best = choose(self.space, self.trials) or baseline
+        if self.dev is not None:  # pinned only where its measurement both ways says so
+            best = checks_transfer.settle_pin(best, self.trials, bool(self.space.consumer))
         samples = epoch_samples(self.loader)
         persistent = advice.judge_persistent(best, samples)
         advice.verdicts(self.space, self.trials, best)
@@ -354,11 +356,10 @@ class TuneSearch:
         if self.dev is None:
             return []
         found = []
-        flipped = replace(best.config, pin_memory=not best.config.pin_memory)
-        other = next((t for t in self.trials if t.measured and t.config == flipped), None)
+        other = checks_transfer.pin_twin(best, self.trials)
         if other is not None:
             pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
-            pays, why = checks_transfer.pin_pays(pageable, pinned)
+            pays, why = checks_transfer.pin_pays(pageable, pinned, bool(self.space.consumer))
             found.append(
                 Finding(
                     "pin-memory-measured",
