@@ -6,17 +6,19 @@
 # It records the machine, then runs `feedrate transfer` (copy bandwidth, pinning against reuse),
 # `feedrate tune` of the images example with a simulated consumer (--rate 600) and with a real
 # CUDA training step (benchmarks/cuda_step.py), `feedrate tune` of the large-batch pipeline (12 MiB
-# batches, where pinning matters most), and the CUDA tests. Each part has its own time limit, so
-# the whole run ends within about 9 minutes (FEEDRATE_GPU_ALL_TESTS=1 adds the whole suite, run 8 at
-# a time with pytest-xdist, for 150 s more). PYTHON picks the interpreter (default: .venv's if
-# present, else python3); feedrate runs from src/ whether or not it is installed.
+# batches, where pinning matters most), `feedrate doctor` of the images example with the CUDA
+# step (the consumer timed alone), and the CUDA tests. Each part has its own time limit, so the
+# whole run ends within about 10 minutes (it took 2 on an H200). FEEDRATE_GPU_ALL_TESTS=1 adds
+# the whole suite, 8 at a time with pytest-xdist, for at most 150 s more. PYTHON picks the
+# interpreter (default: .venv's if present, else python3); feedrate runs from src/ (an absolute
+# path, so the tests' subprocesses find it too) whether or not it is installed.
 set -u
 OUT=${1:-benchmarks/results/gpu}
 mkdir -p "$OUT"
 if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-150}
 LOG="$OUT/log.txt"
 : > "$LOG"
 
@@ -56,6 +58,8 @@ part 120 tune-images-step "${F[@]}" tune examples/images.py:loader \
     --plot "$OUT/tune-images-step.png"
 part 120 tune-large "${F[@]}" tune benchmarks/pipelines.py:large --fresh \
     --json "$OUT/tune-large.json"
+part 90 doctor-images-step "${F[@]}" doctor examples/images.py:loader \
+    --step benchmarks/cuda_step.py:step --json "$OUT/doctor-images-step.json"
 part 90 cuda-tests "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_transfer.py \
     tests/test_machine.py tests/test_config.py tests/test_checks.py tests/test_cache.py \
     tests/test_doctor.py

@@ -21,14 +21,18 @@ def _hold_to_cpus(count: int) -> None:
     Its pipelines and epochs are sized for CI's 2-CPU machine: on a 16-CPU one, autotune starts
     16 workers whose warm-up outlasts a test's epoch, and a latency-bound search capped at 16
     workers cannot go past the CPU count (both seen on a 16-CPU GPU machine). Held to 2 CPUs,
-    what a test asserts does not depend on the host; the benchmarks measure the host as it is."""
+    what a test asserts does not depend on the host; the benchmarks measure the host as it is.
+    Under pytest-xdist each worker (gw0, gw1, ...) takes the next ``count`` CPUs, wrapping."""
     getaffinity = getattr(os, "sched_getaffinity", None)
     if count <= 0 or getaffinity is None:
         return
     cpus = sorted(getaffinity(0))
-    if len(cpus) > count:
-        os.sched_setaffinity(0, cpus[:count])
-        torch.set_num_threads(min(torch.get_num_threads(), count))
+    if len(cpus) <= count:
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = (int(worker) if worker.isdigit() else 0) * count
+    os.sched_setaffinity(0, [cpus[(first + i) % len(cpus)] for i in range(count)])
+    torch.set_num_threads(min(torch.get_num_threads(), count))
 
 
 _hold_to_cpus(int(os.environ.get("FEEDRATE_TEST_CPUS", "2")))

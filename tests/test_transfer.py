@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from feedrate.checks import transfer as checks_transfer
 from feedrate.checks.machine import pin_memory_unused_finding
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import collect
 from feedrate.measuring import device as devices
+from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import (
     DeviceStep,
     bandwidth,
@@ -32,6 +35,7 @@ from feedrate.results.findings import Finding
 from feedrate.results.spread import Spread
 from feedrate.results.transfer import SizeFigures, TransferResult
 from feedrate.results.trial import Trial
+from feedrate.search.space import beats
 from feedrate.units import parse_sizes
 from feedrate.workflows.tune import tune
 
@@ -68,21 +72,32 @@ def test_pinning_pays_only_beyond_the_noise() -> None:
 
 def test_the_answer_is_pinned_only_where_the_pin_verdict_says_so() -> None:
     # Seen on an H200: the pinned twin came out 3% ahead (within the noise) and was recommended,
-    # while the verdict beside it said pinning "only locks RAM". The answer follows the verdict.
+    # while the verdict beside it said pinning "only locks RAM". The pick the verdict rejects
+    # is named, and tune chooses again without it.
     pageable, pinned = trial(False, 1000, 0.0013), trial(True, 1010, 0.0002)
     both = [pageable, pinned]
-    assert checks_transfer.settle_pin(pinned, both) is pageable
-    assert checks_transfer.settle_pin(pageable, both) is pageable
+    assert checks_transfer.pin_loser(pinned, both) is pinned
+    assert checks_transfer.pin_loser(pageable, both) is None
     faster = trial(True, 1300, 0.0002)
-    assert checks_transfer.settle_pin(pageable, [pageable, faster]) is faster
-    assert checks_transfer.settle_pin(faster, [pageable, faster]) is faster
+    assert checks_transfer.pin_loser(pageable, [pageable, faster]) is pageable
+    assert checks_transfer.pin_loser(faster, [pageable, faster]) is None
     alone = trial(False, 1000)
-    assert checks_transfer.settle_pin(alone, [alone]) is alone  # nothing measured the other way
+    assert checks_transfer.pin_loser(alone, [alone]) is None  # nothing measured the other way
+
+    # A gap the side-by-side repeats resolved (3 each, over 3%) counts, however wide the spread.
+    def wide(rate: float) -> Spread:  # windows 10% either side
+        return Spread([rate * 0.9, rate, rate * 1.1], rate, rate * 0.9, rate * 1.1, rate * 0.04)
+
+    slow = dataclasses.replace(trial(False, 1000), spread=wide(1000), repeats=3)
+    quick = dataclasses.replace(trial(True, 1060), spread=wide(1060), repeats=3)
+    assert not beats(quick, slow)  # the noise alone would hide it
+    assert checks_transfer.pin_pays(slow, quick)[0]
+    assert checks_transfer.pin_loser(quick, [slow, quick]) is None
     # With a consumer the rate is the consumer's: what differs is whether it is kept fed.
     starved = dataclasses.replace(trial(False, 550, 0.00135), stall_fraction=0.07)
     fed = dataclasses.replace(trial(True, 551, 0.00021), stall_fraction=0.04)
-    assert checks_transfer.settle_pin(starved, [starved, fed], consumer=True) is fed
-    assert checks_transfer.settle_pin(fed, [starved, fed], consumer=True) is fed
+    assert checks_transfer.pin_loser(starved, [starved, fed], consumer=True) is starved
+    assert checks_transfer.pin_loser(fed, [starved, fed], consumer=True) is None
     pays, why = checks_transfer.pin_pays(starved, fed, consumer=True)
     assert pays and "keep the consumer fed" in why and "waits 4%" in why and "7%" in why
 
@@ -201,11 +216,36 @@ def test_measure_with_a_device_copies_every_batch() -> None:
     assert again.transfer == m.transfer
 
 
+def test_the_device_times_leave_the_warm_up_out() -> None:
+    # A real step's first call (on a GPU: the CUDA context, kernels loaded, the model built)
+    # is warm-up: the copy and step times per batch are the steady state's.
+    calls: list[int] = []
+
+    def step(batch: torch.Tensor) -> None:
+        time.sleep(2.0 if not calls else 0.0)
+        calls.append(len(batch))
+
+    consumer = Consumer("step", step=step, name="train.py:step")
+    loader = DataLoader(TinyDataset(256), batch_size=8)
+    m = measure(loader, batches=20, device=CPU, consumer=consumer)
+    assert m.transfer is not None and 20 <= m.transfer["batches"] < len(calls)
+    assert m.transfer["step_s_per_batch"] < 0.05  # 2 s over ~21 batches would be ~0.1
+
+
 @pytest.mark.filterwarnings("ignore:.*pin_memory.*:UserWarning")
 def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(devices, "parse_device", lambda _name: CPU)
+    # The machine as tune sees it has a GPU, so the doctor's static pin-memory-unused check
+    # fires for your settings (pin_memory off); the verdict measured both ways replaces it.
+    gpu = dataclasses.replace(
+        collect(), accelerator="cuda", accelerator_count=1, accelerator_name="NVIDIA H200"
+    )
     r = tune(
-        DataLoader(TinyDataset(512), batch_size=8), budget_s=30, trial_seconds=0.3, use_cache=False
+        DataLoader(TinyDataset(512), batch_size=8),
+        budget_s=30,
+        trial_seconds=0.3,
+        use_cache=False,
+        machine=gpu,
     )
     pins = {t.config.pin_memory for t in r.trials if t.measured and t.config == r.best.config}
     flipped = [t for t in r.trials if t.reason.startswith("pin_memory=")]
@@ -214,6 +254,7 @@ def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.Monke
     pays = "only locks RAM" not in verdict.message
     assert bool(r.best.config.pin_memory) == pays  # the answer says what the verdict says
     assert f'batch = batch.to("cpu", non_blocking={pays})' in r.code
+    assert "pin-memory-unused" not in {f.id for f in r.findings}
 
 
 @NO_ACCELERATOR

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from rich.console import Console
 from torch.utils.data import DataLoader
 
@@ -442,3 +443,20 @@ def test_a_factory_builds_each_trial_a_fresh_loader() -> None:
     measured = [t for t in r.trials if t.measured]
     assert len(built) > len(measured) >= 2
     assert len({id(b) for b in built}) == len(built)
+
+
+def test_the_pin_verdict_survives_persistent_workers_turned_off() -> None:
+    # Workers that start in a millisecond: persistent_workers is turned off in the answer. The
+    # pin verdict still reads the twin measured with pin_memory the other way (it was lost:
+    # the answer's config, persistent off, matched no trial), and the answer is not pinned,
+    # since pinning measured no faster.
+    search = SlowStarts(lambda c: 500.0 * min(3, 1 + c.num_workers // 2), budget_s=60.0)
+    search.startup_s = 0.001
+    search.dev = torch.device("cpu")  # the copy's plumbing; the rates are made up
+    r = search.search()
+    assert any(t.config.pin_memory for t in r.trials if t.measured)
+    assert r.best.config.num_workers > 0 and not r.best.config.persistent_workers
+    assert not r.best.config.pin_memory
+    verdict = next(f for f in r.findings if f.id == "pin-memory-measured")
+    assert "only locks RAM" in verdict.message
+    assert r.code.endswith('batch = batch.to("cpu", non_blocking=False)')

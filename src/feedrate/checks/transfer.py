@@ -13,7 +13,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.transfer import SizeFigures
 from feedrate.results.trial import Trial
-from feedrate.search.space import beats, covers
+from feedrate.search.space import beats, covers, outpaced
 from feedrate.units import size
 
 #: Pinned (page-locked) memory in flight above this share of the machine's memory is a warning:
@@ -80,7 +80,7 @@ def pin_pays(pageable: Trial, pinned: Trial, consumer: bool = False) -> tuple[bo
             f" (copy {pageable.copy_s_per_batch * 1e3:.2f} → "
             f"{pinned.copy_s_per_batch * 1e3:.2f} ms per batch)"
         )
-    if beats(pinned, pageable):
+    if beats(pinned, pageable) or outpaced(pinned, pageable):
         gain = pinned.median / pageable.median - 1
         return True, f"pinned memory and non_blocking copies are {gain:.0%} faster end to end{copy}"
     if consumer and covers(pinned) and not covers(pageable):
@@ -98,16 +98,18 @@ def pin_twin(best: Trial, trials: list[Trial]) -> Trial | None:
     return next((t for t in trials if t.measured and t.config == flipped), None)
 
 
-def settle_pin(best: Trial, trials: list[Trial], consumer: bool = False) -> Trial:
-    """The answer with pin_memory as its measurement both ways decided (``pin_pays``): a pick
-    made among all trials can be the pinned twin only because it came out ahead within the
-    noise, or the unpinned one though only pinning kept the consumer fed; the recommendation
-    says what the pin verdict says."""
+def pin_loser(best: Trial, trials: list[Trial], consumer: bool = False) -> Trial | None:
+    """Where ``best``'s settings were measured with pin_memory both ways: the one of the two
+    that the pin verdict (``pin_pays``) rejects, when that is ``best``; else None. A pick made
+    among all trials can be the pinned twin only because it came out ahead within the noise,
+    or the unpinned one though only pinning kept the consumer fed: the answer is then chosen
+    again without it, so it says what the verdict says."""
     other = pin_twin(best, trials)
     if other is None:
-        return best
+        return None
     pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
-    return pinned if pin_pays(pageable, pinned, consumer)[0] else pageable
+    loser = pageable if pin_pays(pageable, pinned, consumer)[0] else pinned
+    return loser if loser is best else None
 
 
 def without_guesses(findings: list[Finding]) -> list[Finding]:
@@ -190,9 +192,11 @@ DOCS = (
         ),
         evidence=(
             "From `tune` on a machine with CUDA or MPS: the recommended configuration and the same "
-            "with `pin_memory` flipped, each measured end to end; pinning counts as faster only "
-            "when its gain beats the noise; on CUDA the copy's device time per batch both ways, "
-            "from CUDA events."
+            "with `pin_memory` flipped, each measured end to end. Pinning pays only when its gain "
+            "beats the noise (or held over 3% in repeats side by side), or, with a consumer, when "
+            "only the pinned loop kept it fed. The answer follows this verdict: where the pick was "
+            "the twin it rejects, the answer is chosen again without it. On CUDA, the copy's "
+            "device time per batch both ways, from CUDA events."
         ),
         fix=(
             'The copy line for your training loop: `batch = batch.to("cuda", non_blocking=True)` '

@@ -127,12 +127,23 @@ def autotune_options(*, max_workers: int | None, allow_threads: bool) -> dict[st
     return {"autotune": 1, "max_workers": max_workers, "allow_threads": allow_threads}
 
 
+#: Raised when a change makes earlier answers wrong, so that they are measured again rather
+#: than served from the cache. 2 (2026-12-04): with an accelerator the answer pins only where
+#: the pin verdict says so, and a real step's first call is warm-up, not a window's.
+ANSWERS = 2
+
+
 def key(facts: MachineFacts, loader: DataLoader[Any], options: dict[str, Any]) -> str:
     """The cache key of ``loader`` on the machine ``facts`` describe, run with ``options``
     (``tune_options`` or ``autotune_options``): the one key function tune and autotune share."""
     machine = {k: getattr(facts, k) for k in _MACHINE_KEYS}
     blob = json.dumps(
-        {"machine": machine, "pipeline": fingerprint(loader), "options": options},
+        {
+            "machine": machine,
+            "pipeline": fingerprint(loader),
+            "options": options,
+            "answers": ANSWERS,
+        },
         sort_keys=True,
         default=str,
     )

@@ -173,6 +173,12 @@ class DeviceStep:
         self.step_s += float(mid.elapsed_time(end)) / 1000.0
         self.batches += 1
 
+    def restart(self) -> None:
+        """Forget what was counted so far: the warm-up's calls (a real step's first builds the
+        model and loads kernels) are not the steady state's copy and step times."""
+        self.copy_s = self.step_s = 0.0
+        self.batches = 0
+
     def figures(self) -> dict[str, Any]:
         n = max(1, self.batches)
         return {

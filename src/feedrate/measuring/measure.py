@@ -112,7 +112,9 @@ def measure(
         consume = on_device
     try:
         with interrupts.stoppable():
-            timeline, report, nbytes = _run(loader, plan, clock, timeout_s, consume, steady)
+            timeline, report, nbytes = _run(
+                loader, plan, clock, timeout_s, consume, steady, on_device
+            )
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
     rate = rates.summarize(timeline.windows)
@@ -172,8 +174,9 @@ def _run(
     timeout_s: float | None,
     consumer: Callable[[Any, int], None] | None,
     steady: Callable[[], bool] | None = None,
+    on_device: DeviceStep | None = None,
 ) -> tuple[windows.Timeline, ProbeReport, int | None]:
-    current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None}
+    current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None, "opened": False}
     counter = sample_counter(loader)
 
     def count(batch: Any) -> int:
@@ -191,6 +194,12 @@ def _run(
     def describe() -> str:
         return f"after {current['batches']} batches, config {plan_label}"
 
+    def window_open() -> None:
+        probe.window_open(clock())
+        if on_device is not None and not current["opened"]:
+            on_device.restart()  # the device's times count from the steady state on
+        current["opened"] = True
+
     def on_batch() -> None:
         interrupts.check()
         current["batches"] += 1
@@ -199,7 +208,7 @@ def _run(
     plan_label = config_of(loader).label()
     with ProcessProbe() as probe, Watchdog(timeout_s, describe) as dog:
         hooks = windows.Hooks(
-            window_open=lambda: probe.window_open(clock()),
+            window_open=window_open,
             window_close=lambda: probe.window_close(clock()),
             batch=on_batch,
             steady=steady or (lambda: True),

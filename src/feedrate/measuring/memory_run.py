@@ -152,7 +152,7 @@ def consumer_rate(
     (at least 3 calls, about ``seconds``) for a real step. None when it cannot be known.
 
     A real step gets the batch as the measured loop gives it: on ``device`` when there is one
-    (copied once, the device waited for around the timed calls). Its first call is not timed:
+    (copied once, the device waited for after each call). Its first call is not timed:
     it builds the model, allocates, loads kernels (seconds on a GPU), as the loop's warm-up."""
     samples = count_samples(batch, batch_size or 1) if batch is not None else batch_size
     if consumer.kind == "rate":
@@ -169,8 +169,8 @@ def consumer_rate(
     calls, began = 0, clock()
     while calls < 3 or (clock() - began < seconds and calls < 1000):
         consumer(batch, samples)
+        if device is not None:  # as the measured loop does: a step that only queues work
+            synchronize(device)  # is not free, and the calls stay within ``seconds``
         calls += 1
-    if device is not None:
-        synchronize(device)
     elapsed = clock() - began
     return samples * calls / elapsed if elapsed > 0 else None

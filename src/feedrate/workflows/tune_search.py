@@ -294,8 +294,11 @@ class TuneSearch:
 
     def finish(self, baseline: Trial) -> TuneResult:
         best = choose(self.space, self.trials) or baseline
-        if self.dev is not None:  # pinned only where its measurement both ways says so
-            best = checks_transfer.settle_pin(best, self.trials, bool(self.space.consumer))
+        consumer = bool(self.space.consumer)
+        loser = None if self.dev is None else checks_transfer.pin_loser(best, self.trials, consumer)
+        if loser is not None:  # pinned only where its measurement both ways says so
+            best = choose(self.space, [t for t in self.trials if t is not loser]) or baseline
+        chosen = best  # as measured: pinning's verdict reads its twin
         samples = epoch_samples(self.loader)
         persistent = advice.judge_persistent(best, samples)
         advice.verdicts(self.space, self.trials, best)
@@ -324,7 +327,7 @@ class TuneSearch:
                 self.loader.batch_size,
             )
             + thread_findings(self.space, self.thread_check, self.trials, best)
-            + self._transfer_findings(best),
+            + self._transfer_findings(chosen),
             search_seconds=self.elapsed(),
             reason=advice.reason(self.space, best, baseline, described, self.trials),
             code=code_line(self.loader, final)
