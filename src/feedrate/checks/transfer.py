@@ -98,18 +98,26 @@ def pin_twin(best: Trial, trials: list[Trial]) -> Trial | None:
     return next((t for t in trials if t.measured and t.config == flipped), None)
 
 
-def pin_loser(best: Trial, trials: list[Trial], consumer: bool = False) -> Trial | None:
+def pin_verdict(
+    best: Trial, trials: list[Trial], consumer: bool = False
+) -> tuple[Trial, bool, str] | None:
     """Where ``best``'s settings were measured with pin_memory both ways: the one of the two
-    that the pin verdict (``pin_pays``) rejects, when that is ``best``; else None. A pick made
-    among all trials can be the pinned twin only because it came out ahead within the noise,
-    or the unpinned one though only pinning kept the consumer fed: the answer is then chosen
-    again without it, so it says what the verdict says."""
+    the verdict keeps (the pinned one where pinning pays), and ``pin_pays``'s answer and why."""
     other = pin_twin(best, trials)
     if other is None:
         return None
     pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
-    loser = pageable if pin_pays(pageable, pinned, consumer)[0] else pinned
-    return loser if loser is best else None
+    pays, why = pin_pays(pageable, pinned, consumer)
+    return (pinned if pays else pageable), pays, why
+
+
+def pin_loser(best: Trial, trials: list[Trial], consumer: bool = False) -> Trial | None:
+    """``best`` where the pin verdict (``pin_verdict``) rejects it for its twin; else None. A
+    pick made among all trials can be the pinned twin only because it came out ahead within the
+    noise, or the unpinned one though only pinning kept the consumer fed: the answer is then
+    chosen again without it, so it says what the verdict says."""
+    verdict = pin_verdict(best, trials, consumer)
+    return None if verdict is None or verdict[0] is best else best
 
 
 def without_guesses(findings: list[Finding]) -> list[Finding]:

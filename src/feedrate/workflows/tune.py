@@ -159,8 +159,8 @@ def tune(
         with interrupts.stoppable():
             result = run.search()
         found = checks(result) if channel is None else tune_node.checked(channel, checks, result)
-        found = checks_transfer.without_guesses([*result.findings, *found])
-        result.findings = by_severity(found)
+        every = checks_transfer.without_guesses([*result.findings, *found])
+        result.findings = by_severity(every)
         if use_cache and not result.partial:
             cache.save(cache_key, result.to_dict())
         return result

@@ -359,10 +359,9 @@ class TuneSearch:
         if self.dev is None:
             return []
         found = []
-        other = checks_transfer.pin_twin(best, self.trials)
-        if other is not None:
-            pinned, pageable = (best, other) if best.config.pin_memory else (other, best)
-            pays, why = checks_transfer.pin_pays(pageable, pinned, bool(self.space.consumer))
+        verdict = checks_transfer.pin_verdict(best, self.trials, bool(self.space.consumer))
+        if verdict is not None:
+            _, pays, why = verdict
             found.append(
                 Finding(
                     "pin-memory-measured",
