@@ -7,11 +7,16 @@
 # `feedrate tune` of the images example with a simulated consumer (--rate 600) and with a real
 # CUDA training step (benchmarks/cuda_step.py), `feedrate tune` of the large-batch pipeline (12 MiB
 # batches, where pinning matters most), `feedrate doctor` of the images example with the CUDA
-# step (the consumer timed alone), and the CUDA tests. Each part has its own time limit, so the
-# whole run ends within about 10 minutes (it took 2 on an H200). FEEDRATE_GPU_ALL_TESTS=1 adds
-# the whole suite, 8 at a time with pytest-xdist, for at most 150 s more. PYTHON picks the
-# interpreter (default: .venv's if present, else python3); feedrate runs from src/ (an absolute
-# path, so the tests' subprocesses find it too) whether or not it is installed.
+# step (the consumer timed alone), `benchmarks/pin_probe.py --feedrate` (where a batch's time
+# goes, pinned and not: plain torch against feedrate's own loop), and the CUDA tests. Each part
+# has its own time limit, so the whole run ends within about 10 minutes (on an H200 it took 2.5
+# before the probe was added, which adds about 1.5).
+# The images example gets 4096 images here (FEEDRATE_EXAMPLE_IMAGES, 128 batches an epoch): at
+# its default 512 an epoch is 16 batches, and 16 workers on a 16-CPU machine each make one batch
+# and then wait for the next epoch. FEEDRATE_GPU_ALL_TESTS=1 adds the whole suite, 8 at a time
+# with pytest-xdist, for at most 280 s more. PYTHON picks the interpreter (default: .venv's if
+# present, else python3); feedrate runs from src/ (an absolute path, so the tests' subprocesses
+# find it too) whether or not it is installed.
 set -u
 OUT=${1:-benchmarks/results/gpu}
 mkdir -p "$OUT"
@@ -50,20 +55,24 @@ EOF
 } 2>&1 | tee "$OUT/machine.txt" | tee -a "$LOG"
 
 F=("$PYTHON" -m feedrate)
+IMAGES=(env "FEEDRATE_EXAMPLE_IMAGES=${FEEDRATE_EXAMPLE_IMAGES:-4096}" "${F[@]}")
 part 90 transfer "${F[@]}" transfer --json "$OUT/transfer.json"
-part 120 tune-images-rate "${F[@]}" tune examples/images.py:loader --rate 600 --fresh \
+part 120 tune-images-rate "${IMAGES[@]}" tune examples/images.py:loader --rate 600 --fresh \
     --json "$OUT/tune-images-rate600.json"
-part 120 tune-images-step "${F[@]}" tune examples/images.py:loader \
+part 120 tune-images-step "${IMAGES[@]}" tune examples/images.py:loader \
     --step benchmarks/cuda_step.py:step --fresh --json "$OUT/tune-images-step.json" \
     --plot "$OUT/tune-images-step.png"
 part 120 tune-large "${F[@]}" tune benchmarks/pipelines.py:large --fresh \
     --json "$OUT/tune-large.json"
-part 90 doctor-images-step "${F[@]}" doctor examples/images.py:loader \
+part 90 doctor-images-step "${IMAGES[@]}" doctor examples/images.py:loader \
     --step benchmarks/cuda_step.py:step --json "$OUT/doctor-images-step.json"
+part 150 pin-probe "$PYTHON" benchmarks/pin_probe.py --feedrate --json "$OUT/pin-probe.json"
 part 90 cuda-tests "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_transfer.py \
     tests/test_machine.py tests/test_config.py tests/test_checks.py tests/test_cache.py \
     tests/test_doctor.py
 if [ -n "${FEEDRATE_GPU_ALL_TESTS:-}" ]; then  # the whole suite beside a GPU, 8 at a time
-    part 150 all-tests "$PYTHON" -m pytest -q -p no:cacheprovider -n 8 --timeout 60 tests
+    # -v names each test as it ends, so a run cut at its limit still says which failed.
+    part 280 all-tests "$PYTHON" -m pytest -v -p no:cacheprovider -p no:benchmark -n 8 \
+        --timeout 60 -rfE tests
 fi
 echo "done: $OUT" | tee -a "$LOG"

@@ -65,7 +65,10 @@ def test_pinning_pays_only_beyond_the_noise() -> None:
     pays, why = checks_transfer.pin_pays(trial(False, 1000, 0.004), trial(True, 1300, 0.001))
     assert pays and "30% faster" in why and "4.00 → 1.00 ms" in why
     pays, why = checks_transfer.pin_pays(trial(False, 1000), trial(True, 1010))
-    assert not pays and "only locks RAM" in why
+    assert not pays and "did not speed" in why and "only locks RAM" in why
+    pays, why = checks_transfer.pin_pays(trial(False, 1766, 0.00195), trial(True, 699, 0.0004))
+    assert not pays and "60% slower end to end (699 against 1,766 samples/s)" in why
+    assert "1.95 → 0.40 ms" in why and "did not speed" not in why
     unmeasured = Trial(LoaderConfig(2, pin_memory=True), "x", skipped="over budget")
     assert checks_transfer.pin_pays(trial(False, 1000), unmeasured)[0] is False
 
@@ -251,7 +254,7 @@ def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.Monke
     flipped = [t for t in r.trials if t.reason.startswith("pin_memory=")]
     assert len(flipped) == 1 and flipped[0].measured and pins
     verdict = next(f for f in r.findings if f.id == "pin-memory-measured")
-    pays = "only locks RAM" not in verdict.message
+    pays = "locks RAM" not in verdict.message
     assert bool(r.best.config.pin_memory) == pays  # the answer says what the verdict says
     assert f'batch = batch.to("cpu", non_blocking={pays})' in r.code
     assert "pin-memory-unused" not in {f.id for f in r.findings}
