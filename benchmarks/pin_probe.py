@@ -7,9 +7,12 @@ For a pipeline of ``benchmarks/pipelines.py`` (default ``large``: 12 MiB batches
 on the host clock: making it (``next`` on the loader, which pins when ``pin_memory`` is on), the
 copy to the device (``non_blocking`` when pinned, then a wait for the device), and in all. It runs
 with the main process's torch threads as they are and with one thread (a DataLoader worker's
-setting), with 0 and 2 workers, and prints the median of each part per configuration plus the
-caching host allocator's counters, so a pinned run that is slower than a pageable one shows
-which part grew. ``tune``'s own trials time the loop end to end; this is the breakdown.
+setting), and with 0 and 2 workers. The last batch stays referenced while the next is made, as
+``for batch in loader:`` holds it; with 0 workers it also runs "dropped", each batch released
+before the next is made (how the first version of this probe ran). It prints the median of each
+part per configuration and the caching host allocator's counters, so a pinned run slower than a
+pageable one shows which part grew. ``tune``'s trials time the loop end to end; this is the
+breakdown.
 
 With ``--feedrate`` it then measures the same pipeline with 0 workers through feedrate's own
 ``measure`` (the loop ``tune``'s trials run), pinned and not, with its process probe (the
@@ -34,7 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pipelines
 
 
-def _one_round(pipeline: str, workers: int, pin: bool, batches: int) -> dict[str, float]:
+def _one_round(
+    pipeline: str, workers: int, pin: bool, batches: int, keep: bool = True
+) -> dict[str, float]:
+    """One loader's batches timed in three parts. ``keep``: the last batch stays referenced
+    while the next is made, as in ``for batch in loader:`` (and feedrate's loop); else it is
+    dropped first, so the allocators get its memory back before the next batch needs some."""
     base = getattr(pipelines, pipeline)()
     loader = torch.utils.data.DataLoader(
         base.dataset,
@@ -56,7 +64,9 @@ def _one_round(pipeline: str, workers: int, pin: bool, batches: int) -> dict[str
         on_device = batch.to("cuda", non_blocking=pin)
         torch.cuda.synchronize()
         t2 = time.perf_counter()
-        del on_device, batch
+        del on_device
+        if not keep:
+            del batch
         if i >= 4:  # the first batches start the workers and fill the allocators
             make.append(t1 - t0)
             copy.append(t2 - t1)
@@ -110,12 +120,13 @@ def main() -> int:
     rows: dict[str, list[dict[str, float]]] = {}
     for threads in sorted({threads_as_is, 1}, reverse=True):
         torch.set_num_threads(threads)
-        for workers in (0, 2):
+        for workers, keep in ((0, True), (0, False), (2, True)):
             for _ in range(args.rounds):
                 for pin in (False, True):
                     key = f"threads={threads} w={workers} pin={'on' if pin else 'off'}"
+                    key += "" if keep else " dropped"
                     rows.setdefault(key, []).append(
-                        _one_round(args.pipeline, workers, pin, args.batches)
+                        _one_round(args.pipeline, workers, pin, args.batches, keep)
                     )
     torch.set_num_threads(threads_as_is)
     result: dict[str, Any] = {"pipeline": args.pipeline, "rounds": args.rounds, "configs": {}}
