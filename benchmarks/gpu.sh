@@ -8,9 +8,10 @@
 # CUDA training step (benchmarks/cuda_step.py), `feedrate tune` of the large-batch pipeline (12 MiB
 # batches, where pinning matters most), `feedrate doctor` of the images example with the CUDA
 # step (the consumer timed alone), `benchmarks/pin_probe.py --feedrate` (where a batch's time
-# goes, pinned and not: plain torch against feedrate's own loop), and the CUDA tests. Each part
-# has its own time limit, so the whole run ends within about 10 minutes (on an H200 it took 2.5
-# before the probe was added, which adds about 1.5).
+# goes, pinned and not: plain torch against feedrate's own loop), and the CUDA tests (with a
+# two-rank job whose training group is NCCL). Each part has its own time limit, so the whole
+# run ends within about 10 minutes (on an H200 it took 2.5 before the probe and the NCCL job
+# were added, which add about 2).
 # The images example gets 4096 images here (FEEDRATE_EXAMPLE_IMAGES, 128 batches an epoch): at
 # its default 512 an epoch is 16 batches, and 16 workers on a 16-CPU machine each make one batch
 # and then wait for the next epoch. FEEDRATE_GPU_ALL_TESTS=1 adds the whole suite, 8 at a time
@@ -67,9 +68,9 @@ part 120 tune-large "${F[@]}" tune benchmarks/pipelines.py:large --fresh \
 part 90 doctor-images-step "${IMAGES[@]}" doctor examples/images.py:loader \
     --step benchmarks/cuda_step.py:step --json "$OUT/doctor-images-step.json"
 part 150 pin-probe "$PYTHON" benchmarks/pin_probe.py --feedrate --json "$OUT/pin-probe.json"
-part 90 cuda-tests "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_transfer.py \
+part 150 cuda-tests "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_transfer.py \
     tests/test_machine.py tests/test_config.py tests/test_checks.py tests/test_cache.py \
-    tests/test_doctor.py
+    tests/test_doctor.py tests/test_nccl.py
 if [ -n "${FEEDRATE_GPU_ALL_TESTS:-}" ]; then  # the whole suite beside a GPU, 8 at a time
     # -v names each test as it ends, so a run cut at its limit still says which failed.
     part 280 all-tests "$PYTHON" -m pytest -v -p no:cacheprovider -p no:benchmark -n 8 \

@@ -37,6 +37,14 @@ class Done:
         return self.stdout + self.stderr
 
 
+def pythonpath(*first: Path | str) -> str:
+    """A child's PYTHONPATH: ``first``, then this run's own. Replacing it instead loses where
+    feedrate comes from when it runs from its sources, not installed (``benchmarks/gpu.sh``
+    on a borrowed GPU machine: the jobs could not import it)."""
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([*(str(p) for p in first), *([inherited] if inherited else [])])
+
+
 def left_behind(marker: str) -> list[psutil.Process]:
     """Processes with ``marker`` in their command line (a job's, which must all be gone)."""
     left = []

@@ -34,7 +34,7 @@ from feedrate.search.space import Space
 from feedrate.search.tuner import OnlineTuner
 from feedrate.search.watch import RETUNE_WINDOWS, WATCH_BATCHES
 
-from jobs import left_behind, run_job
+from jobs import left_behind, pythonpath, run_job
 from pipelines import SleepDataset
 
 ONE = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True)
@@ -339,7 +339,11 @@ def torchrun(tmp_path: Path, mode: str, timeout_s: float = 100) -> tuple[int, st
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(n=N, batch=BATCH), encoding="utf-8")
     tests = Path(__file__).resolve().parent
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tests)}
+    env = {
+        **os.environ,
+        "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": pythonpath(tests),
+    }
     marker = f"feedrate-ddp-{mode}-{os.getpid()}-{time.monotonic_ns()}"
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     args = [*run, str(script), mode, str(tmp_path), marker]

@@ -22,7 +22,7 @@ accelerate = pytest.importorskip(
 
 from feedrate.integrations.accelerate import dispatch_note, tune_prepared  # noqa: E402
 
-from jobs import run_job  # noqa: E402
+from jobs import pythonpath, run_job  # noqa: E402
 from pipelines import SleepDataset  # noqa: E402
 
 N, BATCH, SLEEP_S = 64, 8, 0.005
@@ -123,7 +123,7 @@ print(f"rank {acc.process_index} on {label}, told {told}\\n", end="", flush=True
 def test_two_processes_train_on_the_main_process_s_answer(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SCRIPT, encoding="utf-8")
     tests = Path(__file__).resolve().parent
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": pythonpath(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"]
     done = run_job(run, timeout_s=100, env=env, cwd=tmp_path)
     out = done.output

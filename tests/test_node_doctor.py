@@ -27,7 +27,7 @@ from feedrate.results.ranks import RankFacts
 from feedrate.workflows import doctor_node
 from feedrate.workflows.doctor_node import NODE_CHECKS, meet, on_the_node
 
-from jobs import run_job
+from jobs import pythonpath, run_job
 from pipelines import ShardedStream, SleepDataset
 
 GiB = 2**30
@@ -305,7 +305,7 @@ dist.destroy_process_group()
 def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
     tests = Path(__file__).resolve().parent
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": pythonpath(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     done = run_job([*run, "2", "job.py", str(tmp_path)], timeout_s=240, env=env, cwd=tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -363,7 +363,7 @@ def test_a_rank_that_is_absent_or_dies_fails_the_node_step_soon(tmp_path: Path, 
     a rank that never comes within the join's wait, one that dies as soon as it is gone."""
     (tmp_path / "lost.py").write_text(LOST, encoding="utf-8")
     tests = Path(__file__).resolve().parent
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(tests)}
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": pythonpath(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
     done = run_job([*run, "2", "lost.py", str(tmp_path), how], timeout_s=240, env=env, cwd=tmp_path)
     said = [line for line in done.stdout.splitlines() if " after " in line]

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from faults import start_cli
+from jobs import pythonpath
 
 SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
 TRAIN = SCRIPTS / "train.py"
@@ -207,7 +208,7 @@ def test_sigterm_is_passed_on_and_the_report_still_comes(tmp_path: Path) -> None
 
 def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text("print('the user sitecustomize', flush=True)\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(tmp_path)}
     out = tmp_path / "run.json"
     done = feedrate_run("--json", str(out), "train.py", "--batches", "2", env=env)
     assert done.returncode == 0, done.stderr

@@ -33,7 +33,7 @@ from feedrate.results.spread import Spread
 from feedrate.search.ranks import slowest
 
 from faults import default_signals
-from jobs import left_behind, run_job
+from jobs import left_behind, pythonpath, run_job
 from pipelines import SleepDataset, TinyDataset, UnshardedStream
 
 TESTS = Path(__file__).resolve().parent
@@ -210,7 +210,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {
         **os.environ,
         "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"),
-        "PYTHONPATH": os.pathsep.join([str(TESTS), str(SRC)]),
+        "PYTHONPATH": pythonpath(TESTS, SRC),
     }
 
 
