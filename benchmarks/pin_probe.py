@@ -15,10 +15,11 @@ pageable one shows which part grew. ``tune``'s trials time the loop end to end; 
 breakdown.
 
 With ``--feedrate`` it then measures the same pipeline with 0 workers through feedrate's own
-``measure`` (the loop ``tune``'s trials run), pinned and not, with its process probe (the
-thread that reads /proc while windows are open) on and off, interleaved: on an H200 the plain
-loop ran 1.65x faster pinned while ``tune``'s pinned trial of ``large`` read slower (see
-docs/accelerator.md), and this tells the loop's cost from the pipeline's.
+``measure`` (the loop ``tune``'s trials run), pinned and not, interleaved: as ``tune`` runs it,
+without its process probe (the thread that reads /proc while windows are open), and without
+that nor the wrappers that name a failing sample. On an H200 the plain loop ran 1.65x faster
+pinned while ``tune``'s pinned trial of ``large`` read slower (docs/accelerator.md): this
+tells the loop's cost from the pipeline's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,8 +81,23 @@ def _one_round(
     }
 
 
+def _commit() -> str:
+    """The checkout's commit, or "unknown" (a copy without git)."""
+    try:
+        here = Path(__file__).resolve().parent
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        return done.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def _feedrate_rounds(pipeline: str, rounds: int, seconds: float) -> dict[str, list[float]]:
-    """samples/s of feedrate's ``measure`` with 0 workers, pinned or not, probe on or off."""
+    """samples/s of feedrate's ``measure`` with 0 workers, pinned or not, in three variants:
+    as ``tune`` runs it; without the process probe's polling thread; and without that nor the
+    dataset and collate wrappers that name a failing sample (``report_index=False``). The order
+    turns round by round, so no variant always runs first."""
     from feedrate.loader.config import LoaderConfig
     from feedrate.measuring import measure as measuring
     from feedrate.measuring.processes import ProcessProbe
@@ -90,16 +107,20 @@ def _feedrate_rounds(pipeline: str, rounds: int, seconds: float) -> dict[str, li
     def no_poll(self: ProcessProbe) -> None:
         self._stop.wait()
 
+    variants = [("as tune", True, True), ("no probe", False, True), ("bare", False, False)]
+    runs = [(v, pin) for v in variants for pin in (False, True)]
     out: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for probe in (True, False):
-            ProcessProbe._poll = real_poll if probe else no_poll  # type: ignore[method-assign]
-            for pin in (False, True):
+    try:
+        for r in range(rounds):
+            for (name, probe, index), pin in runs if r % 2 == 0 else runs[::-1]:
+                ProcessProbe._poll = real_poll if probe else no_poll  # type: ignore[method-assign]
                 config = LoaderConfig(num_workers=0, pin_memory=pin)
-                result = measuring.measure(getattr(pipelines, pipeline), config, seconds=seconds)
-                key = f"measure w=0 pin={'on' if pin else 'off'} probe={'on' if probe else 'off'}"
+                source = getattr(pipelines, pipeline)
+                result = measuring.measure(source, config, seconds=seconds, report_index=index)
+                key = f"measure w=0 pin={'on' if pin else 'off'} {name}"
                 out.setdefault(key, []).append(result.samples_per_s)
-    ProcessProbe._poll = real_poll  # type: ignore[method-assign]
+    finally:
+        ProcessProbe._poll = real_poll  # type: ignore[method-assign]
     return out
 
 
@@ -121,15 +142,21 @@ def main() -> int:
     for threads in sorted({threads_as_is, 1}, reverse=True):
         torch.set_num_threads(threads)
         for workers, keep in ((0, True), (0, False), (2, True)):
-            for _ in range(args.rounds):
-                for pin in (False, True):
+            for r in range(args.rounds):
+                for pin in (False, True) if r % 2 == 0 else (True, False):
                     key = f"threads={threads} w={workers} pin={'on' if pin else 'off'}"
                     key += "" if keep else " dropped"
                     rows.setdefault(key, []).append(
                         _one_round(args.pipeline, workers, pin, args.batches, keep)
                     )
     torch.set_num_threads(threads_as_is)
-    result: dict[str, Any] = {"pipeline": args.pipeline, "rounds": args.rounds, "configs": {}}
+    result: dict[str, Any] = {
+        "pipeline": args.pipeline,
+        "rounds": args.rounds,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "commit": _commit(),
+        "configs": {},
+    }
     print(f"{args.pipeline}: median ms per batch over {args.rounds} interleaved rounds")
     print(f"{'config':32} {'make':>8} {'copy':>8} {'total':>8}")
     for key, rounds in rows.items():

@@ -41,8 +41,9 @@ def pythonpath(*first: Path | str) -> str:
     """A child's PYTHONPATH: ``first``, then this run's own. Replacing it instead loses where
     feedrate comes from when it runs from its sources, not installed (``benchmarks/gpu.sh``
     on a borrowed GPU machine: the jobs could not import it)."""
-    inherited = os.environ.get("PYTHONPATH")
-    return os.pathsep.join([*(str(p) for p in first), *([inherited] if inherited else [])])
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Absolute: the jobs run in a directory of their own (``PYTHONPATH=src`` would be lost).
+    return os.pathsep.join([*(str(p) for p in first), *(os.path.abspath(p) for p in inherited)])
 
 
 def left_behind(marker: str) -> list[psutil.Process]:

@@ -58,6 +58,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.timeout(240)  # the job's own limit first: on a hang, its stacks are printed
 def test_tune_and_autotune_coordinate_two_ranks_beside_an_nccl_group(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SCRIPT, encoding="utf-8")
     tests = Path(__file__).resolve().parent
@@ -65,7 +66,8 @@ def test_tune_and_autotune_coordinate_two_ranks_beside_an_nccl_group(tmp_path: P
     env["PYTHONPATH"] = pythonpath(tests)
     marker = f"feedrate-nccl-{os.getpid()}-{time.monotonic_ns()}"
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    done = run_job([*run, "train.py", str(tmp_path), marker], timeout_s=200, env=env, cwd=tmp_path)
+    args = [*run, "train.py", str(tmp_path), marker]
+    done = run_job(args, timeout_s=180, env=env, cwd=tmp_path, marker=marker, merge=True)
     assert done.returncode == 0, done.output[-3000:]
     assert left_behind(marker) == []
     docs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
