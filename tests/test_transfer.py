@@ -32,9 +32,10 @@ from feedrate.measuring.device import (
 )
 from feedrate.measuring.measure import measure
 from feedrate.results.findings import Finding
+from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.spread import Spread
 from feedrate.results.transfer import SizeFigures, TransferResult
-from feedrate.results.trial import Trial
+from feedrate.results.trial import Trial, probe_fields
 from feedrate.search.space import beats
 from feedrate.units import parse_sizes
 from feedrate.workflows.tune import tune
@@ -69,6 +70,26 @@ def test_pinning_pays_only_beyond_the_noise() -> None:
     pays, why = checks_transfer.pin_pays(trial(False, 1766, 0.00195), trial(True, 699, 0.0004))
     assert not pays and "60% slower end to end (699 against 1,766 samples/s)" in why
     assert "1.95 → 0.40 ms" in why and "did not speed" not in why
+    assert "pin-memory thread" not in why  # no thread measured: no cause named
+
+
+def test_a_pinned_loop_held_up_by_its_pin_memory_thread_names_it() -> None:
+    # Seen on an H200 machine with 2 workers and 12 MiB batches: DataLoader's pin-memory thread
+    # copied each batch on one torch thread, 5 ms a batch, and the pinned loop was the slower.
+    pinned = dataclasses.replace(trial(True, 600, 0.0004), pin_thread_cpu=0.94)
+    pays, why = checks_transfer.pin_pays(trial(False, 850, 0.003), pinned)
+    assert not pays and "29% slower" in why
+    assert "pin-memory thread was busy 94% of a core" in why and why.endswith("locks RAM")
+    idle = dataclasses.replace(pinned, pin_thread_cpu=0.3)  # another cause: not this one
+    assert "pin-memory thread" not in checks_transfer.pin_pays(trial(False, 850), idle)[1]
+
+
+def test_the_pin_memory_thread_s_cpu_reaches_the_trial() -> None:
+    report = ProbeReport(pin_memory_thread=ProcessFigures("pin_memory_thread", cpu_util=0.9))
+    assert probe_fields(report)["pin_thread_cpu"] == 0.9
+    assert probe_fields(ProbeReport())["pin_thread_cpu"] is None  # no thread: w=0, or no pin
+    t = Trial(LoaderConfig(2, pin_memory=True), "x", pin_thread_cpu=0.9)
+    assert Trial.from_dict(t.to_dict()).pin_thread_cpu == 0.9
     unmeasured = Trial(LoaderConfig(2, pin_memory=True), "x", skipped="over budget")
     assert checks_transfer.pin_pays(trial(False, 1000), unmeasured)[0] is False
 

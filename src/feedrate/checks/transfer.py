@@ -94,9 +94,27 @@ def pin_pays(pageable: Trial, pinned: Trial, consumer: bool = False) -> tuple[bo
         loss = 1 - pinned.median / pageable.median
         return False, (
             f"pinning made the loop {loss:.0%} slower end to end ({pinned.median:,.0f} against "
-            f"{pageable.median:,.0f} samples/s){copy}: it costs time and locks RAM"
+            f"{pageable.median:,.0f} samples/s){copy}{_pin_thread_busy(pinned)}: it costs time "
+            "and locks RAM"
         )
     return False, f"pinning did not speed the loop beyond the noise{copy}: it only locks RAM"
+
+
+#: DataLoader's pin-memory thread this busy (share of a core) is the pinned loop's limit: it
+#: copies every batch into pinned memory on one torch thread (with workers; 5 ms per 12 MiB
+#: batch on an H200 machine, where the loop without pinning took 4.7 ms a batch).
+PIN_THREAD_BUSY = 0.8
+
+
+def _pin_thread_busy(pinned: Trial) -> str:
+    """Why a pinned loop with workers was slower, where its pin-memory thread says so."""
+    busy = pinned.pin_thread_cpu
+    if busy is None or busy < PIN_THREAD_BUSY:
+        return ""
+    return (
+        f"; DataLoader's pin-memory thread was busy {busy:.0%} of a core, copying each batch "
+        "into pinned memory on one thread"
+    )
 
 
 def pin_twin(best: Trial, trials: list[Trial]) -> Trial | None:
@@ -210,7 +228,9 @@ DOCS = (
             "with `pin_memory` flipped, each measured end to end. Pinning pays only when its gain "
             "beats the noise (or held over 3% in repeats side by side), or, with a consumer, when "
             "only the pinned loop kept it fed; where pinning measured slower beyond the noise, "
-            "the finding says by how much. The answer follows this verdict: where the pick was "
+            "the finding says by how much, and names DataLoader's pin-memory thread where it was "
+            "busy most of a core (it copies every batch into pinned memory on one thread). The "
+            "answer follows this verdict: where the pick was "
             "the twin it rejects, the answer is chosen again without it. On CUDA, the copy's "
             "device time per batch both ways, from CUDA events."
         ),

@@ -20,8 +20,9 @@ def probe_fields(processes: ProbeReport) -> dict[str, Any]:
     """The probe's figures as ``Trial`` fields, the one mapping tune's and autotune's trials
     share: CPU per second of wall time (1.0 = one core) of the main process and of the workers
     together, their run-queue wait, memory in bytes (the workers' USS and PSS summed, the
-    largest worker's USS), the /dev/shm peak, and the CPUs the whole machine kept busy."""
-    workers = processes.workers
+    largest worker's USS), the /dev/shm peak, the CPUs the whole machine kept busy, and the
+    pin-memory thread's CPU (with workers and pin_memory)."""
+    workers, pin = processes.workers, processes.pin_memory_thread
     uss = [w.uss_bytes for w in workers if w.uss_bytes is not None]
     pss = [w.pss_bytes for w in workers if w.pss_bytes is not None]
     return {
@@ -35,6 +36,7 @@ def probe_fields(processes: ProbeReport) -> dict[str, Any]:
         "workers_pss_bytes": sum(pss) if pss else None,
         "shm_peak_bytes": processes.shm_peak_bytes,
         "system_busy_cpus": processes.system_busy_cpus,
+        "pin_thread_cpu": None if pin is None else pin.cpu_util,
     }
 
 
@@ -71,6 +73,9 @@ class Trial:
     system_busy_cpus: float | None = None
     #: Device seconds per batch of the copy to the accelerator, where there is one.
     copy_s_per_batch: float | None = None
+    #: With workers and pin_memory: DataLoader's pin-memory thread's CPU (share of a core). It
+    #: copies every batch into pinned memory on one torch thread. None without that thread.
+    pin_thread_cpu: float | None = None
     verdict: str = ""
     skipped: str | None = None
     error: str | None = None
