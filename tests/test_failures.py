@@ -3,17 +3,21 @@ worker process outlives the test (the autouse ``no_leaks`` fixture checks that).
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 import signal
+import tempfile
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 from torch.utils.data import DataLoader
 
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.loader.config import LoaderConfig
 from feedrate.measuring.diagnosis import explain
-from feedrate.measuring.failures import IndexReportingDataset, Watchdog
+from feedrate.measuring.failures import IndexReportingDataset, Watchdog, stop_workers
 from feedrate.measuring.measure import measure
 
 from pipelines import (
@@ -109,3 +113,54 @@ def test_watchdog_fires_and_disarms() -> None:
         time.sleep(5)
     # disarmed: no alarm arrives after the block
     time.sleep(0.3)
+
+
+@pytest.fixture
+def private_temp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The temporary directory that workers forked from now on see: ``tmp_path``. The folder
+    ``multiprocessing`` made in the real one for this process, if any, is forgotten for the
+    test, or the workers would share it (a forked child inherits its parent's) and make none;
+    one made during the test is forgotten after it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setitem(multiprocessing.current_process()._config, "tempdir", None)
+    return tmp_path
+
+
+def _leftover_pymp(folder: Path) -> list[str]:
+    ours = multiprocessing.current_process()._config.get("tempdir")
+    return sorted(str(p) for p in folder.glob("pymp-*") if str(p) != ours)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stopped_workers_leave_no_folder_in_the_temporary_directory(
+    private_temp: Path, persistent: bool
+) -> None:
+    # Each worker that sends a tensor makes a pymp-* folder for torch's file-descriptor sharing;
+    # a worker ended by a signal leaves it behind (autotune ends one set per configuration it
+    # drops: 163 folders in one run of test_autotune.py before the fix). Idle workers asked to
+    # leave remove their own. The grace is long so that a loaded machine cannot fail the test.
+    loader = DataLoader(TinyDataset(16), batch_size=2, num_workers=2, persistent_workers=persistent)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    assert len(_leftover_pymp(private_temp)) >= 1  # the workers made theirs: the test can fail
+    stop_workers(it, grace_s=20.0)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+    assert _leftover_pymp(private_temp) == []
+
+
+def test_workers_ended_by_a_signal_leave_no_folder_in_the_temporary_directory(
+    private_temp: Path,
+) -> None:
+    # Hung workers are terminated at the timeout, and a worker ended by a signal cleans nothing
+    # up. measure() gives this process its pymp-* folder before the workers start, so they put
+    # their sockets there (removed when this process exits) rather than each in a folder of its
+    # own, left in /tmp for good (2 per run of this test before).
+    loader = DataLoader(HangingDataset(at=40), batch_size=8)
+    with pytest.raises(PipelineTimeoutError):
+        measure(loader, LoaderConfig(num_workers=2), batches=200, timeout_s=1.5)
+    assert _leftover_pymp(private_temp) == []
+    ours = Path(multiprocessing.current_process()._config["tempdir"])
+    assert ours.parent == private_temp
+    assert list(ours.glob("listener-*"))  # the workers' sockets: they did use it

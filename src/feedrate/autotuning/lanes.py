@@ -22,7 +22,7 @@ from feedrate.loader.rebuild import (
     quiet_worker_count_warning,
     rebuild,
 )
-from feedrate.measuring.failures import stop_workers
+from feedrate.measuring.failures import share_temp_folder, stop_workers
 
 
 class Stream:
@@ -182,6 +182,7 @@ class Lane:
 
     def _start(self, stream: Stream | None, keep: bool, quiet: bool) -> None:
         quieted = quiet_worker_count_warning() if quiet else contextlib.nullcontext()
+        share_temp_folder()  # stop_workers may have to terminate this lane's workers
         if self.feed is None or stream is None:
             with quieted:
                 self.it = iter(self.loader)

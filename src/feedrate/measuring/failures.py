@@ -4,14 +4,18 @@
   carries the sample's index (as an exception note, which survives the trip from a worker);
 * ``Watchdog`` ends a measurement that receives no batch for ``timeout_s``;
 * ``diagnosis.explain`` (beside this module) says what a failure means;
-* ``stop_workers`` ends a DataLoader iterator's workers at once (after an error or Ctrl-C, a
-  graceful shutdown can wait seconds per worker that is stuck in user code).
+* ``stop_workers`` ends a DataLoader iterator's workers within a bound (after an error or Ctrl-C,
+  or when autotune drops a configuration, DataLoader's own shutdown can wait seconds per worker
+  that is stuck in user code); ``share_temp_folder``, called before workers start, keeps what
+  an ended worker leaves in the temporary directory inside this process's own folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import multiprocessing.util
 import signal
 import threading
 import time
@@ -189,15 +193,26 @@ class Watchdog:
 
 
 def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
-    """End ``iterator``'s worker processes now: terminate, then kill what is left after
-    ``grace_s``, then let DataLoader release its queues and threads. ``iterator`` may be
-    what a DataLoader subclass's generator ``__iter__`` returned: its DataLoader iterator is
-    found inside (``inner.real_iterator``)."""
+    """End ``iterator``'s worker processes within about ``2 * grace_s``: ask them to leave as
+    DataLoader's shutdown does (``done_event``, then ``None`` on each index queue), terminate
+    those still there after ``grace_s``, kill what is left after another ``grace_s``, then let
+    DataLoader release its queues and threads. ``iterator`` may be what a DataLoader subclass's
+    generator ``__iter__`` returned: its DataLoader iterator is found inside
+    (``inner.real_iterator``).
+
+    Asking first matters: a worker that leaves on its own runs ``multiprocessing``'s exit
+    handlers, which remove what it made in the temporary directory when it first sent a tensor
+    (torch's file-descriptor sharing listens on a socket there, in a ``pymp-*`` folder of the
+    worker's own unless ``share_temp_folder`` ran before it started). One ended by a signal
+    leaves those behind, at every configuration autotune drops. An idle worker (autotune drains
+    a lane before it ends it) leaves in milliseconds; one busy in the dataset finishes its
+    sample first, or is terminated after ``grace_s``."""
     iterator = real_iterator(iterator)
     workers = list(getattr(iterator, "_workers", None) or [])
     if not workers:
         return
     _unwatch(iterator)
+    _ask_to_leave(iterator)
     handles = []
     for proc in workers:
         pid = getattr(proc, "pid", None)
@@ -207,9 +222,10 @@ def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
             handles.append(psutil.Process(pid))
         except psutil.Error:
             continue
-    for h in handles:
-        _quietly(h.terminate)
     _, alive = psutil.wait_procs(handles, timeout=grace_s)
+    for h in alive:
+        _quietly(h.terminate)
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
     for h in alive:
         _quietly(h.kill)
     psutil.wait_procs(alive, timeout=grace_s)
@@ -219,6 +235,30 @@ def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         _quietly(shutdown)
+
+
+def share_temp_folder() -> None:
+    """Give this process its ``multiprocessing`` temporary folder now (``pymp-*``, removed
+    when it exits), so that worker processes started after this use it rather than making
+    their own: a worker ends by a signal (killed, hung past a timeout, busy when stopped)
+    without removing what it made, and its socket left in this process's folder goes when
+    this process exits, where a folder of its own would stay in /tmp for good. Workers
+    inherit the folder's name with the rest of ``multiprocessing``'s process config, whatever
+    the start method. Idempotent; a folder that cannot be made is left to each worker."""
+    with contextlib.suppress(OSError):
+        multiprocessing.util.get_temp_dir()
+
+
+def _ask_to_leave(iterator: object) -> None:
+    """What DataLoader's ``_shutdown_workers`` tells its workers, without its joins of up to
+    5 s each: the done event (a worker then skips what is still queued for it and does not
+    wait to flush its result queue on the way out), and ``None``, the signal to leave, on
+    every index queue."""
+    done = getattr(iterator, "_workers_done_event", None)
+    if done is not None:
+        _quietly(done.set)
+    for queue in getattr(iterator, "_index_queues", None) or []:
+        _quietly(functools.partial(queue.put, None))
 
 
 def shut_down(iterator: object, loader: object = None) -> None:

@@ -37,6 +37,7 @@ from feedrate.measuring.failures import (
     IndexReportingDataset,
     Watchdog,
     quiesce,
+    share_temp_folder,
     shut_down,
     stop_workers,
 )
@@ -185,6 +186,7 @@ def _run(
         return counter(batch)
 
     def make_iter() -> Iterator[Any]:
+        share_temp_folder()  # for workers stop_workers may have to terminate
         with interrupts.deferred(), quiet_worker_count_warning():
             it = iter(loader)
             current["it"] = it  # set before a Ctrl-C held back meanwhile is raised

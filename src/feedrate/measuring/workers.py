@@ -21,7 +21,13 @@ from feedrate.loader.rebuild import is_iterable_style, quiet_worker_count_warnin
 from feedrate.machine.facts import THREAD_ENV_VARS
 from feedrate.measuring.dataset_objects import digest, draw, generators, identity
 from feedrate.measuring.diagnosis import explain
-from feedrate.measuring.failures import Watchdog, quiesce, shut_down, stop_workers
+from feedrate.measuring.failures import (
+    Watchdog,
+    quiesce,
+    share_temp_folder,
+    shut_down,
+    stop_workers,
+)
 from feedrate.results.evidence import WorkerView
 from feedrate.results.streams import StreamSamples
 
@@ -114,6 +120,7 @@ class Workers:
         self.it: Any = None
 
     def __enter__(self) -> Any:
+        share_temp_folder()
         with quiet_worker_count_warning():
             self.it = iter(self.loader)
         return self.it
