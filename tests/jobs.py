@@ -90,14 +90,18 @@ def run_job(
 ) -> Done:
     """Run ``args`` in a session of its own within ``timeout_s``; past it, every process of
     the job prints its stacks, is killed, and the test fails with them. ``merge``: stderr
-    into stdout, in the order printed."""
+    into stdout, in the order printed. The job's temporary directory is ``cwd/tmp``: what its
+    processes leave there (torchrun's ``torchelastic_*`` log folders, which it never removes)
+    goes with the test's own folder, not into the machine's /tmp."""
     began = time.monotonic()
+    job_tmp = Path(cwd) / "tmp"
+    job_tmp.mkdir(exist_ok=True)
     proc = subprocess.Popen(
         list(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge else subprocess.PIPE,
         text=True,
-        env={**env, "PYTHONFAULTHANDLER": "1"},
+        env={**env, "PYTHONFAULTHANDLER": "1", "TMPDIR": str(job_tmp)},
         cwd=cwd,
         start_new_session=True,
     )

@@ -10,11 +10,12 @@ CUDA build) is replaced by an empty stand-in first, which the parts used here ne
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import sys
 import time
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,15 +110,23 @@ def write_litdata(root: Path, n: int = N) -> Path:
 # -- MosaicML streaming -----------------------------------------------------------------------
 
 
-def stub_unloadable_torchvision() -> None:
-    """Put an empty ``torchvision`` in ``sys.modules`` when the real one cannot be imported
-    (MosaicML streaming imports ``torchvision.datasets`` for its vision datasets)."""
+@contextlib.contextmanager
+def stub_unloadable_torchvision() -> Iterator[None]:
+    """Inside the block, an empty ``torchvision`` in ``sys.modules`` when the real one cannot be
+    imported (MosaicML streaming imports ``torchvision.datasets`` for its vision datasets);
+    gone afterwards, so that what the rest of the suite imports later (transformers, Lightning)
+    sees the machine as it is, whichever order the test files are collected in. transformers,
+    which streaming imports, decides once, when first imported, whether torchvision is there:
+    it is imported first, so that it decides on the machine and not on the stub."""
+    with contextlib.suppress(Exception):
+        import transformers  # noqa: F401
     try:
         import torchvision  # noqa: F401
     except Exception:
         for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
             del sys.modules[name]
     else:
+        yield
         return
     modules = {}
     for name in ("torchvision", "torchvision.datasets", "torchvision.transforms"):
@@ -132,6 +141,12 @@ def stub_unloadable_torchvision() -> None:
     modules["torchvision.datasets"].CIFAR10 = modules["torchvision.datasets"].VisionDataset  # type: ignore[attr-defined]
     modules["torchvision.transforms"].functional = functional  # type: ignore[attr-defined]
     sys.modules.update(modules)
+    try:
+        yield
+    finally:
+        for name, module in modules.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
 
 
 def write_mds(root: Path, n: int = N) -> Path:

@@ -164,14 +164,15 @@ def test_a_target_may_name_a_transformers_trainer(tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="transformers is not installed")
     _target_hook_or_skip()
     (tmp_path / "trainer_target.py").write_text(
-        "import tempfile, torch, transformers\n"
+        "import torch, transformers\n"
         "class Tiny(torch.nn.Module):\n"
         "    def __init__(self):\n"
         "        super().__init__()\n"
         "        self.layer = torch.nn.Linear(1, 1)\n"
         "    def forward(self, x):\n"
         "        return {'loss': self.layer(x).mean()}\n"
-        "args = transformers.TrainingArguments(tempfile.mkdtemp(), report_to=[], use_cpu=True)\n"
+        f"args = transformers.TrainingArguments({str(tmp_path / 'out')!r}, report_to=[],"
+        " use_cpu=True)\n"
         "data = [{'x': torch.tensor([float(i)])} for i in range(32)]\n"
         "trainer = transformers.Trainer(model=Tiny(), args=args, train_dataset=data)\n",
         encoding="utf-8",

@@ -7,6 +7,7 @@ doctor run."""
 
 from __future__ import annotations
 
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,8 @@ from library_data import N, epoch_ids, none_left, stub_unloadable_torchvision, w
 import feedrate
 from feedrate.workflows import doctor as doctoring
 
-stub_unloadable_torchvision()
-streaming = pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")
+with stub_unloadable_torchvision():
+    streaming = pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")
 
 
 MADE: list[Any] = []
@@ -32,9 +33,12 @@ def make(root: Path, workers: int = 0) -> Any:
 
 
 @pytest.fixture(autouse=True)
-def end_dataset_threads() -> Iterator[None]:
+def end_dataset_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """A StreamingDataset iterated in this process (a trial without workers) keeps a pool of
-    threads that download ahead until it is collected; end them, as the end of training would."""
+    threads that download ahead until it is collected; end them, as the end of training would.
+    Its file locks (``000000_barrier_filelock`` ...), which it leaves in the temporary
+    directory, go in the test's own folder."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     yield
     for ds in MADE:
         it = getattr(ds, "_iterator", None)

@@ -149,7 +149,8 @@ def _torchrun() -> str | None:
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed here")
 def test_torchrun_ranks_are_followed_and_gathered(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # TMPDIR: torchrun's torchelastic_* log folder stays in the test's own.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     done = feedrate_run(
         "--json", str(out), "--", "torchrun", "--nproc_per_node=2", "ddp.py", env=env
     )

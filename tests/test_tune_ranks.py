@@ -211,6 +211,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         **os.environ,
         "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"),
         "PYTHONPATH": pythonpath(TESTS, SRC),
+        "TMPDIR": str(tmp_path),  # torchrun's torchelastic_* log folders stay in the test's
     }
 
 
