@@ -5,10 +5,13 @@ This imitates the classic ``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHori
 fine-tuning scripts). Every sample costs a few milliseconds of pure CPU work on one core (JPEG
 decode, resampling, colour maths), so the bottleneck is CPU: with ``num_workers=0`` one core feeds
 the accelerator, more workers help until they use every usable core, and workers beyond the core
-count only add memory and contention. The dataset is synthetic and nothing is downloaded: on first
-use it writes ``FEEDRATE_EXAMPLE_IMAGES`` (default 512) small JPEG files, deterministic per index,
-into ``$FEEDRATE_CACHE_DIR/examples/images-v1/`` (else ``$XDG_CACHE_HOME/feedrate/...``, else
-``~/.cache/feedrate/...``), which takes a second or two once and is reused afterwards.
+count only add memory and contention. The dataset is synthetic and nothing is downloaded:
+on first use it writes ``FEEDRATE_EXAMPLE_IMAGES`` small JPEG files (default: 256 per usable CPU,
+at least 512 and at most 8192, so that an epoch stays long against the batches in flight on a
+many-core machine; about 30 KB each), deterministic per index, into
+``$FEEDRATE_CACHE_DIR/examples/images-v1/`` (else ``$XDG_CACHE_HOME/feedrate/...``, else
+``~/.cache/feedrate/...``), which takes about 1.6 ms an image once (a second for 512, some 15 s
+for 8192, measured on a 2-CPU VM) and is reused afterwards.
 
 Try::
 
@@ -30,7 +33,11 @@ from PIL import Image, ImageEnhance
 from torch.utils.data import DataLoader, Dataset
 
 NUM_IMAGES = 512
-"""Images generated when ``FEEDRATE_EXAMPLE_IMAGES`` is not set."""
+"""The fewest images generated when ``FEEDRATE_EXAMPLE_IMAGES`` is not set (2 CPUs' worth)."""
+IMAGES_PER_CPU = 256
+"""Eight batches of 32 per usable CPU: with a worker per CPU and two batches each in flight, an
+epoch still holds several rounds, and the pause between epochs does not dominate the figures."""
+MAX_IMAGES = 8192
 NUM_CLASSES = 10
 IMAGE_SIZE = 256
 """Side of the stored JPEG files, in pixels."""
@@ -59,10 +66,22 @@ def cache_dir() -> Path:
     return base / "examples" / CACHE_VERSION
 
 
+def default_num_images(cpus: int) -> int:
+    """``IMAGES_PER_CPU`` per usable CPU, within ``NUM_IMAGES .. MAX_IMAGES`` (512 on 2 CPUs)."""
+    return max(NUM_IMAGES, min(MAX_IMAGES, IMAGES_PER_CPU * cpus))
+
+
 def num_images_from_env() -> int:
-    """``FEEDRATE_EXAMPLE_IMAGES`` if set (tests use a handful), else ``NUM_IMAGES``."""
+    """``FEEDRATE_EXAMPLE_IMAGES`` if set (tests use a handful), else ``default_num_images``."""
     value = os.environ.get("FEEDRATE_EXAMPLE_IMAGES")
-    return int(value) if value else NUM_IMAGES
+    return int(value) if value else default_num_images(_usable_cpus())
+
+
+def _usable_cpus() -> int:
+    # The CPUs this process may run on (a container's or taskset's); macOS has no affinity.
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def label_of(index: int) -> int:

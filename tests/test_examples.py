@@ -57,6 +57,19 @@ def tabular(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return load_example("tabular", monkeypatch)
 
 
+def test_images_default_count_follows_the_cpus(images: ModuleType) -> None:
+    # An epoch of 16 batches is over before 16 workers have had two rounds each: the default
+    # grows with the CPUs, from the demo's 512 on 2 CPUs to a cap of 8192.
+    assert [images.default_num_images(n) for n in (1, 2, 4, 16, 32, 128)] == [
+        512,
+        512,
+        1024,
+        4096,
+        8192,
+        8192,
+    ]
+
+
 def test_images_batches(images: ModuleType, tmp_path: Path) -> None:
     assert images.cache_dir() == tmp_path / "examples" / "images-v1"
     assert len(images.loader.dataset) == 16
