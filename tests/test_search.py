@@ -463,6 +463,27 @@ def test_online_does_not_try_no_workers_where_the_workers_cpu_would_stall_the_lo
     assert proposal is None or proposal[0].num_workers > 0, proposal
 
 
+def test_online_one_trial_busy_receiving_is_enough_to_try_no_workers() -> None:
+    # Tabular rows in benchmarks/autotune.py (2026-12-04): 2 workers read as receiving (the
+    # loop on a CPU 81% of its wait, 0.16 of a core against the workers' 0.36), 3 workers, as
+    # fast within the noise, just under (0.14 against 0.50). Judged on the fastest alone,
+    # autotune settled on 2 workers, 11% behind none. The hand-off's cost belongs to the
+    # pipeline's batches, not to one count of workers: one trial that shows it is enough.
+    s = space(cpus=2, baseline=online_cfg(2))
+    s = Space(**{**s.__dict__, "consumer": True})
+    trials = []
+    for w, rate, stall, main, on_cpu, receive, work in (
+        (2, 75_462.0, 0.201, 0.24, 0.81, 0.16, 0.36),
+        (3, 77_260.0, 0.180, 0.20, 0.80, 0.14, 0.50),
+    ):
+        t = make_trial(online_cfg(w), "x", Figures(rate, main, work / w, wait_cpu=on_cpu), None)
+        t.stall_fraction, t.batch_bytes, t.receive_cpu = stall, 18_432, receive
+        trials.append(t)
+    assert [receiving(t) for t in trials] == [True, False]
+    proposal = propose_online(s, trials)
+    assert proposal is not None and proposal[0].num_workers == 0, proposal
+
+
 def test_online_does_not_try_no_workers_where_one_worker_makes_a_sliver_of_the_rate() -> None:
     # A re-tune forgets the counts that scaled: a remote pipeline measured again at 24 workers,
     # then 45 no faster, the loop still waiting 41%. Alone, the main process would do one

@@ -51,7 +51,9 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     would stall it more than the fastest did (``zero_stall``: skewed CPU work and a tokenizer
     nearly fed, their workers idle for want of a faster loop). Idle workers that more of them
     did not speed up, busy ones making big batches, or a main process busy receiving batches
-    (``receiving``) point at the copies between processes instead. Never where no worker made
+    (``receiving``, in any trial: the hand-off is the cost of the pipeline's batches, and a
+    reading near its threshold falls either side from trial to trial) point at the copies
+    between processes instead. Never where no worker made
     a ``ZERO_GAIN``-th of the fastest's rate: alone, the main process does one worker's work
     (after a re-tune, which forgets the counts that scaled, latency-bound trials of 24 and 45
     workers at 54 and 27 samples/s each against 1,300 in all)."""
@@ -66,7 +68,7 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
         return None
     kind = bottleneck(best, space.cpus)
     fewest = min(main, key=lambda t: t.config.num_workers)
-    handoff = receiving(best)
+    handoff = any(receiving(t) for t in main)  # the batches' cost, whatever the count
     if kind == "latency" and best is not fewest and beats(best, fewest) and not handoff:
         return None
     small = (best.batch_bytes or 0) < BIG_BATCH
