@@ -15,6 +15,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from jobs import short_tmpdir
+
 
 def _hold_to_cpus(count: int) -> None:
     """Run the suite on at most ``count`` CPUs (forked workers and subprocesses inherit it).
@@ -35,7 +37,18 @@ def _hold_to_cpus(count: int) -> None:
     torch.set_num_threads(min(torch.get_num_threads(), count))
 
 
-_hold_to_cpus(int(os.environ.get("FEEDRATE_TEST_CPUS", "2")))
+def pytest_configure(config: pytest.Config) -> None:
+    # Not in pytest-xdist's controller, which runs no test: its workers would inherit its CPUs
+    # and all share the first ones.
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        _hold_to_cpus(int(os.environ.get("FEEDRATE_TEST_CPUS", "2")))
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    """A short temporary folder of the test's own (``jobs.short_tmpdir``), for ``TMPDIR``."""
+    with short_tmpdir() as folder:
+        yield folder
 
 
 def _children() -> list[psutil.Process]:

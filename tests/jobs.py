@@ -8,11 +8,13 @@ stack to read, not "it did not end"."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,18 +92,37 @@ def run_job(
 ) -> Done:
     """Run ``args`` in a session of its own within ``timeout_s``; past it, every process of
     the job prints its stacks, is killed, and the test fails with them. ``merge``: stderr
-    into stdout, in the order printed. The job's temporary directory is ``cwd/tmp``: what its
-    processes leave there (torchrun's ``torchelastic_*`` log folders, which it never removes)
-    goes with the test's own folder, not into the machine's /tmp."""
+    into stdout, in the order printed. The job's temporary directory is one of its own
+    (``short_tmpdir``), removed after it: what its processes leave there (torchrun's
+    ``torchelastic_*`` log folders, which it never removes) does not stay in /tmp."""
+    with short_tmpdir() as job_tmp:
+        return _run(args, timeout_s, {**env, "TMPDIR": job_tmp}, cwd, marker, merge)
+
+
+@contextlib.contextmanager
+def short_tmpdir() -> Iterator[str]:
+    """A new folder directly in the temporary directory, removed on the way out. Short, unlike
+    ``tmp_path`` (longer still under pytest-xdist): DataLoader workers listen on sockets in a
+    ``pymp-*`` folder under ``TMPDIR``, and a socket's path holds at most 107 characters."""
+    with tempfile.TemporaryDirectory(prefix="fr-", ignore_cleanup_errors=True) as folder:
+        yield folder
+
+
+def _run(
+    args: Sequence[str],
+    timeout_s: float,
+    env: dict[str, str],
+    cwd: Path,
+    marker: str | None,
+    merge: bool,
+) -> Done:
     began = time.monotonic()
-    job_tmp = Path(cwd) / "tmp"
-    job_tmp.mkdir(exist_ok=True)
     proc = subprocess.Popen(
         list(args),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merge else subprocess.PIPE,
         text=True,
-        env={**env, "PYTHONFAULTHANDLER": "1", "TMPDIR": str(job_tmp)},
+        env={**env, "PYTHONFAULTHANDLER": "1"},
         cwd=cwd,
         start_new_session=True,
     )

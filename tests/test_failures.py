@@ -4,10 +4,12 @@ worker process outlives the test (the autouse ``no_leaks`` fixture checks that).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import pickle
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -116,14 +118,20 @@ def test_watchdog_fires_and_disarms() -> None:
 
 
 @pytest.fixture
-def private_temp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The temporary directory that workers forked from now on see: ``tmp_path``. The folder
-    ``multiprocessing`` made in the real one for this process, if any, is forgotten for the
-    test, or the workers would share it (a forked child inherits its parent's) and make none;
-    one made during the test is forgotten after it."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setitem(multiprocessing.current_process()._config, "tempdir", None)
-    return tmp_path
+def private_temp(monkeypatch: pytest.MonkeyPatch, short_tmp: str) -> Iterator[Path]:
+    """The temporary directory that workers forked from now on see: a short folder of the
+    test's own (sockets' paths are short). The folder ``multiprocessing`` made in the real one
+    for this process, if any, is forgotten for the test, or the workers would share it (a
+    forked child inherits its parent's) and make none; one made during the test is removed
+    after it, by the finalizer that would have removed it at exit."""
+    monkeypatch.setattr(tempfile, "tempdir", short_tmp)
+    config = multiprocessing.current_process()._config
+    monkeypatch.setitem(config, "tempdir", None)
+    yield Path(short_tmp)
+    made = config.get("tempdir")
+    for finalizer in list(multiprocessing.util._finalizer_registry.values()):
+        if made is not None and made in (getattr(finalizer, "_args", None) or ()):
+            finalizer()
 
 
 def _leftover_pymp(folder: Path) -> list[str]:
@@ -139,7 +147,13 @@ def test_stopped_workers_leave_no_folder_in_the_temporary_directory(
     # a worker ended by a signal leaves it behind (autotune ends one set per configuration it
     # drops: 163 folders in one run of test_autotune.py before the fix). Idle workers asked to
     # leave remove their own. The grace is long so that a loaded machine cannot fail the test.
-    loader = DataLoader(TinyDataset(16), batch_size=2, num_workers=2, persistent_workers=persistent)
+    loader = DataLoader(
+        TinyDataset(16),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=persistent,
+        multiprocessing_context="fork",  # the workers see this test's temporary directory
+    )
     it = iter(loader)
     for _ in range(3):
         next(it)
@@ -158,8 +172,8 @@ def test_workers_ended_by_a_signal_leave_no_folder_in_the_temporary_directory(
     # their sockets there (removed when this process exits) rather than each in a folder of its
     # own, left in /tmp for good (2 per run of this test before).
     loader = DataLoader(HangingDataset(at=40), batch_size=8)
-    with pytest.raises(PipelineTimeoutError):
-        measure(loader, LoaderConfig(num_workers=2), batches=200, timeout_s=1.5)
+    with pytest.raises(PipelineTimeoutError):  # long enough for batches on a loaded machine
+        measure(loader, LoaderConfig(num_workers=2), batches=200, timeout_s=10)
     assert _leftover_pymp(private_temp) == []
     ours = Path(multiprocessing.current_process()._config["tempdir"])
     assert ours.parent == private_temp

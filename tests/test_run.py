@@ -147,10 +147,10 @@ def _torchrun() -> str | None:
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed here")
-def test_torchrun_ranks_are_followed_and_gathered(tmp_path: Path) -> None:
+def test_torchrun_ranks_are_followed_and_gathered(tmp_path: Path, short_tmp: str) -> None:
     out = tmp_path / "run.json"
-    # TMPDIR: torchrun's torchelastic_* log folder stays in the test's own.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    # TMPDIR: torchrun's torchelastic_* log folder goes with the test's own.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": short_tmp}
     done = feedrate_run(
         "--json", str(out), "--", "torchrun", "--nproc_per_node=2", "ddp.py", env=env
     )

@@ -211,7 +211,6 @@ def _env(tmp_path: Path) -> dict[str, str]:
         **os.environ,
         "FEEDRATE_CACHE_DIR": str(tmp_path / "cache"),
         "PYTHONPATH": pythonpath(TESTS, SRC),
-        "TMPDIR": str(tmp_path),  # torchrun's torchelastic_* log folders stay in the test's
     }
 
 
@@ -298,7 +297,7 @@ dist.destroy_process_group()
 """
 
 
-def test_two_nodes_take_one_decision_and_report_each_node(tmp_path: Path) -> None:
+def test_two_nodes_take_one_decision_and_report_each_node(tmp_path: Path, short_tmp: str) -> None:
     (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
     endpoint = f"127.0.0.1:{free_port()}"
     launchers = [
@@ -316,7 +315,7 @@ def test_two_nodes_take_one_decision_and_report_each_node(tmp_path: Path) -> Non
                 "job.py",
                 str(tmp_path / "result"),
             ],
-            env=_env(tmp_path),
+            env={**_env(tmp_path), "TMPDIR": short_tmp},  # torchrun's torchelastic_* folders
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -347,13 +346,13 @@ def test_outside_a_job_nothing_changes() -> None:
     assert not torch.distributed.is_initialized()
 
 
-def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path) -> None:
+def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path, short_tmp: str) -> None:
     (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
     run = [sys.executable, "-m", "feedrate", "tune", "job.py:loader", "--nproc-per-node", "2"]
     run += ["--budget-s", "120", "--fresh"]
     p = subprocess.Popen(
         run,
-        env=_env(tmp_path),
+        env={**_env(tmp_path), "TMPDIR": short_tmp},
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
