@@ -36,10 +36,8 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# Two test processes (pytest-xdist): the suite takes about half as long on 2 CPUs, and a
-# machine with more gets no more, as the suite is written to pass on a loaded 2-core one.
 test: lint docs $(EXTRAS)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
