@@ -25,12 +25,14 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: become feedrate
             os.execv(sys.executable, [sys.executable, "-m", "feedrate", "run", *args])
+        self.poll = select.poll()
+        self.poll.register(self.fd, select.POLLIN)
         self.seen = b""
 
     def read_until(self, word: bytes, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
         while word not in self.seen and time.monotonic() < deadline:
-            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            ready = self.poll.poll(200)  # not select(): it refuses descriptors past 1023
             if ready:
                 try:
                     self.seen += os.read(self.fd, 4096)
