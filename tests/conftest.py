@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing
 import os
 import threading
 import time
@@ -71,6 +72,7 @@ def _is_resource_tracker(p: psutil.Process) -> bool:
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     before_procs = {p.pid for p in _children()}
+    before_mp = set(multiprocessing.active_children())
     before_threads = set(threading.enumerate())
     yield
     # Workers get a grace period to exit: DataLoader shuts them down with a join timeout.
@@ -90,6 +92,14 @@ def no_leaks() -> Iterator[None]:
         if t not in before_threads and t.is_alive() and not t.daemon
     ]
     assert not leaked, f"test left child processes alive: {[p.pid for p in leaked]}"
+    # Reaped behind multiprocessing's back (psutil's wait_procs does it): it still counts them
+    # as running, holds their pipes open, and terminates their pids again at exit.
+    lost = [
+        p
+        for p in multiprocessing.active_children()
+        if p not in before_mp and not psutil.pid_exists(p.pid)
+    ]
+    assert not lost, f"multiprocessing never saw these children end: {[p.pid for p in lost]}"
     assert not threads, f"test left threads alive: {[t.name for t in threads]}"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import multiprocessing.connection
 import multiprocessing.util
 import signal
 import threading
@@ -23,7 +24,6 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-import psutil
 from torch.utils.data import Dataset
 
 from feedrate.errors import PipelineTimeoutError
@@ -34,6 +34,10 @@ from feedrate.measuring.inner import real_iterator
 #: The indices this process fetched last: a worker (or the main process) fetches a batch, then
 #: collates it, so a collate_fn that raises was given these samples.
 _last_indices: list[Any] = []
+
+#: How long ``stop_workers`` waits for DataLoader's pin-memory thread: it looks at its stop
+#: event every 0.1 s (``MP_STATUS_CHECK_INTERVAL``), or sooner when its queue wakes it.
+PIN_THREAD_JOIN_S = 1.0
 
 
 def _note(exc: BaseException, where: object, prefix: str = NOTE) -> None:
@@ -213,28 +217,47 @@ def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
         return
     _unwatch(iterator)
     _ask_to_leave(iterator)
-    handles = []
-    for proc in workers:
-        pid = getattr(proc, "pid", None)
-        if pid is None:
-            continue
-        try:
-            handles.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    _, alive = psutil.wait_procs(handles, timeout=grace_s)
-    for h in alive:
-        _quietly(h.terminate)
-    _, alive = psutil.wait_procs(alive, timeout=grace_s)
-    for h in alive:
-        _quietly(h.kill)
-    psutil.wait_procs(alive, timeout=grace_s)
-    for proc in workers:
-        with contextlib.suppress(Exception):
-            proc.join(timeout=0.1)
+    alive = _wait_ended(workers, grace_s)
+    for proc in alive:
+        _quietly(proc.terminate)
+    alive = _wait_ended(alive, grace_s)
+    for proc in alive:
+        _quietly(proc.kill)
+    _wait_ended(alive, grace_s)
+    pinning = getattr(iterator, "_pin_memory_thread", None)
+    if pinning is not None and pinning.is_alive():
+        return  # _shutdown_workers would join it with no bound: its queues go with the iterator
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         _quietly(shutdown)
+
+
+def _wait_ended(workers: list[Any], timeout_s: float) -> list[Any]:
+    """Wait up to ``timeout_s`` for ``workers`` (``multiprocessing`` processes) to end; the
+    ones still alive. Each is waited through its own ``sentinel`` and reaped by its own
+    ``exitcode`` (a ``waitpid`` of ``multiprocessing``'s): reaped by anyone else (psutil's
+    ``wait_procs`` does), it would stay among ``multiprocessing``'s children for good, its
+    exit code unknown, its two pipes open, and be sent SIGTERM at this process's exit under a
+    pid the system may have given another process."""
+    deadline = time.monotonic() + timeout_s
+    alive = [proc for proc in workers if _running(proc)]
+    while alive and (left := deadline - time.monotonic()) > 0:
+        sentinels = []
+        for proc in alive:
+            with contextlib.suppress(Exception):
+                sentinels.append(proc.sentinel)
+        if not sentinels:
+            break
+        multiprocessing.connection.wait(sentinels, timeout=left)
+        alive = [proc for proc in alive if _running(proc)]
+    return alive
+
+
+def _running(proc: Any) -> bool:
+    try:
+        return proc.exitcode is None
+    except Exception:  # closed, or not a process of this one's: nothing to wait for
+        return False
 
 
 def share_temp_folder() -> None:
@@ -250,10 +273,18 @@ def share_temp_folder() -> None:
 
 
 def _ask_to_leave(iterator: object) -> None:
-    """What DataLoader's ``_shutdown_workers`` tells its workers, without its joins of up to
-    5 s each: the done event (a worker then skips what is still queued for it and does not
-    wait to flush its result queue on the way out), and ``None``, the signal to leave, on
-    every index queue."""
+    """What DataLoader's ``_shutdown_workers`` does before its joins of up to 5 s each: its
+    pin-memory thread stopped first (``pin_memory``), then the done event (a worker then skips
+    what is still queued for it and does not wait to flush its result queue on the way out),
+    and ``None``, the signal to leave, on every index queue."""
+    pinning = getattr(iterator, "_pin_memory_thread", None)
+    if pinning is not None and pinning.is_alive():
+        # First, as DataLoader's shutdown does: a worker ended mid-write could leave the
+        # thread that pins its batches waiting for the rest of a message for good.
+        it: Any = iterator
+        _quietly(it._pin_memory_thread_done_event.set)
+        _quietly(functools.partial(it._worker_result_queue.put, (None, None)))
+        _quietly(functools.partial(pinning.join, timeout=PIN_THREAD_JOIN_S))
     done = getattr(iterator, "_workers_done_event", None)
     if done is not None:
         _quietly(done.set)
