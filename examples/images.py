@@ -78,10 +78,11 @@ def num_images_from_env() -> int:
 
 
 def _usable_cpus() -> int:
-    # The CPUs this process may run on (a container's or taskset's); macOS has no affinity.
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    # The CPUs this process can keep busy: its affinity (a taskset's) within a container's
+    # CPU quota, as feedrate counts them (`feedrate env`).
+    import feedrate
+
+    return feedrate.machine_facts().cpus_usable
 
 
 def label_of(index: int) -> int:

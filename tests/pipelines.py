@@ -96,15 +96,21 @@ class HangingDataset(TinyDataset):
 
 
 class ShardedStream(IterableDataset[torch.Tensor]):
-    """An IterableDataset that splits ``range(n)`` between workers."""
+    """An IterableDataset that splits ``range(n)`` between workers; each item waits
+    ``sleep_s`` (a read) and spins ``cpu_s`` of CPU."""
 
-    def __init__(self, n: int = 512) -> None:
-        self.n = n
+    def __init__(self, n: int = 512, sleep_s: float = 0.0, cpu_s: float = 0.0) -> None:
+        self.n, self.sleep_s, self.cpu_s = n, sleep_s, cpu_s
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         info = get_worker_info()
         start, step = (0, 1) if info is None else (info.id, info.num_workers)
         for i in range(start, self.n, step):
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+            end = time.process_time() + self.cpu_s
+            while time.process_time() < end:
+                pass
             yield torch.full((4,), float(i))
 
 

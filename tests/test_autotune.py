@@ -21,6 +21,7 @@ from feedrate.autotuning.lanes import Lane
 from feedrate.autotuning.loader import AutoLoader
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import collect
 from feedrate.results.autotune import AutotuneReport
 from feedrate.search.actions import Action, Try
 from feedrate.search.tuner import OnlineTuner
@@ -340,6 +341,28 @@ def test_iterable_dataset_that_splits_its_stream_gets_workers() -> None:
         for _ in range(2):
             got = sorted(float(x) for batch in auto for x in batch.flatten())
             assert got == want  # every item once per epoch, whatever the settings
+
+
+@pytest.mark.parametrize(
+    ("stream", "waits"),
+    [(ShardedStream(96, sleep_s=0.01), True), (ShardedStream(96, cpu_s=0.01), False)],
+    ids=["waiting", "cpu-bound"],
+)
+def test_a_stream_whose_workers_mostly_wait_starts_with_more_workers_than_cpus(
+    stream: ShardedStream, waits: bool
+) -> None:
+    # A stream's settings change only between epochs, so its first epoch runs whole on the
+    # count it starts at: 2 workers waiting on reads would leave it slow for an epoch. The
+    # probe's workers, on a CPU about 0-5% of the time here, project many more; a CPU-bound
+    # stream (the test's run-queue time taken out, should the machine be busy) starts at one
+    # worker per usable CPU.
+    cpus = collect().cpus_usable
+    with feedrate.autotune(DataLoader(stream, batch_size=4), cache=False) as auto:
+        started = auto.report().started_from
+        if waits:
+            assert auto.config.num_workers > cpus and "projected" in started
+        else:
+            assert auto.config.num_workers == cpus and "one per usable CPU" in started
 
 
 def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:

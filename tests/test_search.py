@@ -15,6 +15,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.online_steps import receiving
 from feedrate.search.propose import choose, propose, propose_online
+from feedrate.search.scaling import STREAM_START_PER_CPU, stream_start
 from feedrate.search.space import STALL_MARGIN, Space, beats, covers, predict_over_budget
 
 
@@ -705,3 +706,27 @@ def test_online_stops_adding_workers_that_slow_the_loop_itself() -> None:
     # ... but CPU-bound workers no further than the deepest pool worth trying, 4 per CPU.
     deeper = [*fed_faster, online_trial(8, 2001 * 0.19 / 0.13 * 0.28 / 0.19, 0.72, 0.15)]
     assert propose_online(s, deeper) is None
+
+
+@pytest.mark.parametrize(
+    ("share", "max_workers", "want"),
+    [
+        (1.0, 64, None),  # CPU-bound: one per usable CPU, the usual start
+        (0.5, 64, 3),  # 0.85 * 2 / 0.5 = 3.4: one more than the CPUs
+        (0.33, 64, 5),  # the benchmarks' sharded stream: 1 ms read + 0.5 ms parse an item
+        (0.01, 64, STREAM_START_PER_CPU * 2),  # waits on reads: capped per CPU
+        (0.0, 64, STREAM_START_PER_CPU * 2),
+        (0.01, 3, 3),  # max_workers holds
+        (0.01, 2, None),
+        (None, 64, None),  # nothing measured
+    ],
+)
+def test_a_stream_starts_where_its_probe_workers_would_fill_the_cpus(
+    share: float | None, max_workers: int, want: int | None
+) -> None:
+    got = stream_start(2, share, max_workers)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None and got.workers == want
+    assert "projected, not measured" in got.what

@@ -1,6 +1,7 @@
 """Where ``autotune`` starts: the settings an earlier run left in the cache (its own, or those of
 a plain ``tune`` of the same loader on this machine), else yours when they use workers, else one
-worker per usable CPU; and whether an IterableDataset may be given workers at all.
+worker per usable CPU (more for a stream whose workers mostly wait); and whether an
+IterableDataset may be given workers at all.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from feedrate.measuring.measure import warmup_batches
 from feedrate.measuring.shm import main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
+from feedrate.search.scaling import stream_start
 from feedrate.search.space import Space
 from feedrate.search.tuner import OnlineTuner, online
 
@@ -96,12 +98,12 @@ def starting_point(
     keys = []
     if use_cache:  # the device is resolved only then: on a GPU, that initializes CUDA
         keys = [own, cache.key(facts, loader, cache.tune_options(device=accelerator()))]
-    config, started_from, stall = _start_config(loader, facts, space, keys)
-    config, started_from = within_shm(loader, facts, config, started_from)
     # An IterableDataset that does not split its stream by worker yields all of it once per
     # worker: its worker count changes only when 2 workers were seen to yield different
     # samples (a few seconds, once) or its library is known to split it.
-    unsplit = unsplit_stream(loader) if is_iterable_style(loader) else None
+    unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
+    config, started_from, stall = _start_config(loader, facts, space, keys, share)
+    config, started_from = within_shm(loader, facts, config, started_from)
     if unsplit is not None:
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE
@@ -163,11 +165,16 @@ def save(cache_key: str | None, config: LoaderConfig, stall: float) -> None:
 
 
 def _start_config(
-    loader: DataLoader[Any], facts: MachineFacts, space: Space, keys: list[str]
+    loader: DataLoader[Any],
+    facts: MachineFacts,
+    space: Space,
+    keys: list[str],
+    stream_cpu_share: float | None,
 ) -> tuple[LoaderConfig, str, float | None]:
     """The cached settings under ``keys`` (autotune's own first; within max_workers and
     allow_threads), else yours when they use workers, else one worker per usable CPU with
-    your other settings."""
+    your other settings, or more for a stream whose probe workers mostly waited
+    (``stream_cpu_share``: its first epoch runs whole on the count it starts at)."""
     for key in keys:
         doc = cache.load(key)
         config = _cached_config(doc)
@@ -180,8 +187,12 @@ def _start_config(
         capped = replace(own, num_workers=min(own.num_workers, max(1, space.max_workers)))
         return online(capped), "your settings", None
     w = min(facts.cpus_usable, space.max_workers)
+    why = f"{w} workers, one per usable CPU"
+    waiting = stream_start(facts.cpus_usable, stream_cpu_share, space.max_workers)
+    if waiting is not None:
+        w, why = waiting.workers, waiting.what
     start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
-    return online(start), f"{w} workers, one per usable CPU", None
+    return online(start), why, None
 
 
 def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
@@ -194,20 +205,21 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
     return None
 
 
-def unsplit_stream(loader: DataLoader[Any]) -> str | None:
+def unsplit_stream(loader: DataLoader[Any]) -> tuple[str | None, float | None]:
     """Why an IterableDataset loader must keep its own worker count, or None (its library is
     known to split the stream by worker, or 2 workers were seen to yield different samples,
     by identity or by content seeded alike: never on too little to tell). With workers of
-    its own, each added worker would yield the whole stream once more."""
+    its own, each added worker would yield the whole stream once more. Beside it, the share
+    of their time the 2 workers making items were on a CPU, where they were seen to split."""
     if libraries.splits_by_worker(loader.dataset) is not None:
-        return None  # known to split (and probing would use up a MosaicML epoch)
+        return None, None  # known to split (and probing would use up a MosaicML epoch)
     try:
         digests = stream_digests(loader, limit=32, seconds=2.0)
     except Exception as exc:  # the check itself failed: stay safe
-        return f"an IterableDataset keeps its worker count (the check failed: {exc})"
+        return f"an IterableDataset keeps its worker count (the check failed: {exc})", None
     seen = streams.stream_verdict(digests)
     if seen.verdict == "split":
-        return None
+        return None, digests.cpu_share
     why = {
         "duplicates": f"2 workers did not yield different items (the same samples, by {seen.by})",
         "unknown": "2 workers did not yield different items that could be told apart (too few "
@@ -216,4 +228,4 @@ def unsplit_stream(loader: DataLoader[Any]) -> str | None:
     return (
         f"an IterableDataset keeps its worker count: {why}, so each worker may yield the whole "
         "stream (split it by get_worker_info() to let autotune choose the workers)"
-    )
+    ), None

@@ -28,6 +28,7 @@ from feedrate.measuring.failures import (
     shut_down,
     stop_workers,
 )
+from feedrate.measuring.runqueue import ThreadQueued
 from feedrate.results.evidence import WorkerView
 from feedrate.results.streams import StreamSamples
 
@@ -97,18 +98,26 @@ def _seed_alike() -> None:
         np.random.seed(PROBE_SEED)
 
 
-class _Tagged(Forwarding, IterableDataset[tuple[int, str, str]]):
+class _Tagged(Forwarding, IterableDataset[tuple[int, str, str, float, float]]):
     """Iterates the user's IterableDataset in a worker, the global generators seeded alike in
-    every worker; yields (worker id, item identity, item digest)."""
+    every worker; yields (worker id, item identity, item digest, and the seconds of CPU (the
+    worker's, all its threads) and of wall time that making the item took, less the time its
+    thread was queued for a CPU: on a busy machine a stream is not thereby waiting on reads)."""
 
-    def __iter__(self) -> Iterator[tuple[int, str, str]]:
+    def __iter__(self) -> Iterator[tuple[int, str, str, float, float]]:
         info = get_worker_info()
         worker_id = -1 if info is None else info.id
         _seed_alike()
-        for n, item in enumerate(self._feedrate_inner):
-            if n >= self._feedrate_limit:
+        items, queued = iter(self._feedrate_inner), ThreadQueued()
+        for _ in range(self._feedrate_limit):
+            wall, cpu, waited = time.perf_counter(), time.process_time(), queued()
+            try:
+                item = next(items)
+            except StopIteration:
                 return
-            yield worker_id, identity(item), digest(item)
+            cpu, waited = time.process_time() - cpu, queued() - waited
+            wall = time.perf_counter() - wall - waited  # on the CPUs it gets: not queued
+            yield worker_id, identity(item), digest(item), cpu, wall
 
 
 class Workers:
@@ -182,7 +191,8 @@ def stream_digests(
     """Iterate the loader's IterableDataset in 2 workers, at most ``limit`` items per worker and
     about ``seconds`` from the first item (worker start-up is not counted: under spawn it alone
     can take seconds), the global random generators seeded alike in both, and hash every
-    item's identity and content in its worker."""
+    item's identity and content in its worker; with the share of its time a worker making
+    items spent on a CPU (``cpu_share``)."""
     if not is_iterable_style(loader):
         raise ValueError("stream_digests needs an IterableDataset")
     tagged = _Tagged(loader.dataset, _feedrate_limit=limit)
@@ -190,13 +200,16 @@ def stream_digests(
     identities: dict[int, list[str]] = {i: [] for i in range(WORKERS)}
     began: float | None = None
     complete = True
+    cpu_s = wall_s = 0.0
     with Workers(_loader_like(loader, tagged, timeout_s), timeout_s) as it:
-        for worker_id, item_identity, item_digest in it:
+        for worker_id, item_identity, item_digest, item_cpu, item_wall in it:
             began = clock() if began is None else began
             per_worker.setdefault(worker_id, []).append(item_digest)
             identities.setdefault(worker_id, []).append(item_identity)
+            cpu_s, wall_s = cpu_s + item_cpu, wall_s + item_wall
             if clock() - began > seconds:
                 complete = False
                 break
     seconds_taken = 0.0 if began is None else clock() - began
-    return StreamSamples(per_worker, seconds_taken, complete, identities)
+    share = min(1.0, cpu_s / wall_s) if wall_s > 0 else None
+    return StreamSamples(per_worker, seconds_taken, complete, identities, share)

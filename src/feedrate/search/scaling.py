@@ -32,6 +32,10 @@ MAX_FACTOR = 16
 #: A ceiling within this factor of the workers tried is reached: no step up is worth a trial.
 NEAR = 1.25
 
+#: A stream's first epoch starts with at most this many workers per usable CPU: the projection
+#: rests on 2 workers' first items, and what a worker costs in memory is not measured yet.
+STREAM_START_PER_CPU = 4
+
 
 @dataclass(frozen=True)
 class Ceiling:
@@ -117,3 +121,24 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
         f"worker, {n} workers {aim}"
     )
     return n, why
+
+
+def stream_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceiling | None:
+    """Where a stream's first epoch starts (an IterableDataset's settings change only between
+    epochs, so its first epoch runs whole on the count it starts at), from ``cpu_share``, the
+    share of their time 2 probe workers making its first items spent on a CPU: the count whose
+    workers fill ``CPU_CEILING`` of the usable CPUs, at most ``STREAM_START_PER_CPU`` per CPU
+    and ``max_workers``. None where that is not more than one worker per usable CPU (the usual
+    start) or nothing was measured."""
+    if cpu_share is None or cpus < 1:
+        return None
+    most = min(max_workers, STREAM_START_PER_CPU * cpus)
+    n = most if cpu_share <= 0 else min(most, math.floor(CPU_CEILING * cpus / cpu_share))
+    if n <= cpus:
+        return None
+    return Ceiling(
+        n,
+        f"{n} workers: 2 workers making the stream's first items were on a CPU "
+        f"{cpu_share:.0%} of the time, so about {n} fill {CPU_CEILING:.0%} of the {cpus} usable "
+        f"CPUs (at most {STREAM_START_PER_CPU} per CPU; projected, not measured)",
+    )
