@@ -730,3 +730,29 @@ def test_a_stream_starts_where_its_probe_workers_would_fill_the_cpus(
         return
     assert got is not None and got.workers == want
     assert "projected, not measured" in got.what
+
+
+@pytest.mark.parametrize(
+    ("busy_worker_cpu", "workers_cpu", "want"),
+    [
+        (None, 0.85, 2),  # not a measured stream: half as many may do
+        (0.37, 0.85, 3),  # 2.3 busy: 3, not 2 (which left the loop waiting 24% of an epoch)
+        (0.37, 1.30, None),  # 3.5 of 4 busy: fewer would not feed it, and costs an epoch
+        (0.10, 0.20, 3),  # 2 busy of 4: 3
+    ],
+)
+def test_online_a_stream_tries_the_workers_its_fed_trial_kept_busy(
+    busy_worker_cpu: float | None, workers_cpu: float, want: int | None
+) -> None:
+    # The benchmarks' sharded stream (2026-12-05): started at 4 workers (fed, 4% stall, the
+    # workers 0.85 CPUs), halving tried 2 for a whole epoch at 24% stall before settling on 3.
+    # Its probe put a busy worker at 0.37 CPUs: 4 workers kept 2.3 busy.
+    s = space(cpus=2, baseline=online_cfg(4))
+    s = Space(**{**s.__dict__, "consumer": True, "busy_worker_cpu": busy_worker_cpu})
+    t = make_trial(online_cfg(4), "x", Figures(1556.0, 0.04, workers_cpu / 4), None)
+    t.stall_fraction = 0.04
+    proposal = propose_online(s, [t])
+    if want is None:
+        assert proposal is None, proposal
+    else:
+        assert proposal is not None and proposal[0].num_workers == want, proposal

@@ -104,6 +104,7 @@ def starting_point(
     unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
     config, started_from, stall = _start_config(loader, facts, space, keys, share)
     config, started_from = within_shm(loader, facts, config, started_from)
+    space = replace(space, busy_worker_cpu=share)
     if unsplit is not None:
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE

@@ -4,6 +4,8 @@ be the cost. The other steps are the guided search's (``search.steps``)."""
 
 from __future__ import annotations
 
+import math
+
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.space import (
@@ -19,9 +21,16 @@ from feedrate.search.space import (
     with_workers,
 )
 
+#: A stream's fewer workers are those its fed trial kept busy, times this (its noise, and a
+#: rate per worker that falls as the workers' share of the CPUs grows).
+BUSY_MARGIN = 1.25
+
 
 def fewer(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Online: the fewest workers tried keep the consumer fed; half as many may too."""
+    """Online: the fewest workers tried keep the consumer fed; half as many may too. A
+    stream's trial is a whole epoch, so a count that does not feed it costs one: where its
+    probe measured what a busy worker uses (``Space.busy_worker_cpu``), the count its fed
+    trial kept busy (their CPU over one busy worker's), with ``BUSY_MARGIN``, or none."""
     main = series(space, trials)
     fed = [t.config.num_workers for t in main if covers(t)]
     if not fed or min(fed) == 0:
@@ -29,9 +38,20 @@ def fewer(space: Space, trials: list[Trial]) -> Proposal | None:
     c = min(fed)
     if any(not covers(t) and t.config.num_workers < c for t in main):
         return None  # _bisect's ground
-    if c == 1 and zero_stall(next(t for t in main if t.config.num_workers == 1)) > ZERO_STALL:
+    top = next(t for t in main if t.config.num_workers == c)
+    if c == 1 and zero_stall(top) > ZERO_STALL:
         return None  # the worker's CPU time, moved into the loop, would stall it
-    return with_workers(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
+    per_worker = space.busy_worker_cpu
+    if per_worker is None or per_worker <= 0:
+        return with_workers(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
+    busy = top.workers_cpu / per_worker
+    n = max(1, math.ceil(busy * BUSY_MARGIN))
+    if n >= c:
+        return None
+    return with_workers(space.baseline, n), (
+        f"{c} workers keep the step fed, {busy:.1f} of them busy ({top.workers_cpu:.2f} CPUs "
+        f"at {per_worker:.2f} a busy worker): {n} may too (a stream's trial is a whole epoch)"
+    )
 
 
 def zero_stall(t: Trial) -> float:

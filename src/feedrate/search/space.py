@@ -66,6 +66,9 @@ class Space:
     #: an IterableDataset, or a thread-safety check failed); whether they may be recommended.
     max_threads: int = 1
     allow_threads: bool = False
+    #: The CPUs one worker uses while it makes items, where a stream's probe measured it (its
+    #: trials are whole epochs: see ``online_steps.fewer``); None elsewhere.
+    busy_worker_cpu: float | None = None
 
 
 def noise(a: Trial, b: Trial) -> float:
