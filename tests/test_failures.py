@@ -11,6 +11,7 @@ import os
 import pickle
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,9 +204,45 @@ def test_stopped_workers_are_reaped_and_their_pipes_closed(hung: bool) -> None:
     it = iter(loader)
     next(it)
     workers = list(it._workers)  # type: ignore[attr-defined]
-    stop_workers(it, grace_s=5.0 if not hung else 0.2)
+    stop_workers(it, grace_s=5.0 if not hung else 1.0)
     assert all(w.exitcode is not None for w in workers)
     assert not set(multiprocessing.active_children()) & set(workers)
     del it, loader, workers
     gc.collect()
+    deadline = time.monotonic() + 10.0  # a queue's feeder thread closes its end as it leaves
+    while _open_pipes() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _open_pipes() <= before
+
+
+def test_a_stuck_pin_memory_thread_does_not_hang_the_stop() -> None:
+    # DataLoader stops its pin-memory thread before its workers: one ended mid-write can leave
+    # the thread waiting for the rest of a message. Its shutdown (in stop_workers, or the
+    # iterator's __del__ after) joins the thread with no bound. Pinning needs an accelerator,
+    # so the thread here is a stand-in that ignores the request to stop.
+    release = threading.Event()
+    loader = DataLoader(TinyDataset(16), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    workers = list(it._workers)  # type: ignore[attr-defined]
+    stuck = threading.Thread(target=release.wait, args=(60.0,), daemon=True)
+    stuck.start()
+    it._pin_memory_thread = stuck  # type: ignore[attr-defined]
+    it._pin_memory_thread_done_event = threading.Event()  # type: ignore[attr-defined]
+    ended = threading.Event()
+
+    def stop_and_drop() -> None:
+        nonlocal it
+        stop_workers(it, grace_s=1.0)
+        it = None  # type: ignore[assignment]  # its __del__ shuts it down
+        gc.collect()
+        ended.set()
+
+    stopper = threading.Thread(target=stop_and_drop, daemon=True)
+    stopper.start()
+    try:
+        assert ended.wait(30.0), "stop_workers, or the iterator's shutdown after it, hung"
+        assert all(w.exitcode is not None for w in workers)
+    finally:
+        release.set()
+        stopper.join(5.0)

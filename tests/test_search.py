@@ -15,7 +15,11 @@ from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.online_steps import receiving
 from feedrate.search.propose import choose, propose, propose_online
-from feedrate.search.scaling import STREAM_START_PER_CPU, stream_start
+from feedrate.search.scaling import (
+    STREAM_START_OVER_CPUS,
+    STREAM_START_PER_CPU,
+    stream_start,
+)
 from feedrate.search.space import STALL_MARGIN, Space, beats, covers, predict_over_budget
 
 
@@ -732,6 +736,12 @@ def test_a_stream_starts_where_its_probe_workers_would_fill_the_cpus(
     assert "projected, not measured" in got.what
 
 
+def test_a_stream_start_on_a_big_machine_stays_near_its_cpus() -> None:
+    # 4 per CPU would be 256 workers on 64 CPUs, projected from 2 workers' first items.
+    got = stream_start(64, 0.01, 512)
+    assert got is not None and got.workers == 64 + STREAM_START_OVER_CPUS
+
+
 @pytest.mark.parametrize(
     ("busy_worker_cpu", "workers_cpu", "want"),
     [
@@ -739,6 +749,7 @@ def test_a_stream_starts_where_its_probe_workers_would_fill_the_cpus(
         (0.37, 0.85, 3),  # 2.3 busy: 3, not 2 (which left the loop waiting 24% of an epoch)
         (0.37, 1.30, None),  # 3.5 of 4 busy: fewer would not feed it, and costs an epoch
         (0.10, 0.20, 3),  # 2 busy of 4: 3
+        (0.37, 0.0, 2),  # the workers' CPU was not read: half, as for any loader
     ],
 )
 def test_online_a_stream_tries_the_workers_its_fed_trial_kept_busy(

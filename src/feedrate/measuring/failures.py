@@ -197,10 +197,11 @@ class Watchdog:
 
 
 def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
-    """End ``iterator``'s worker processes within about ``2 * grace_s``: ask them to leave as
-    DataLoader's shutdown does (``done_event``, then ``None`` on each index queue), terminate
-    those still there after ``grace_s``, kill what is left after another ``grace_s``, then let
-    DataLoader release its queues and threads. ``iterator`` may be what a DataLoader subclass's
+    """End ``iterator``'s worker processes within about ``3 * grace_s`` (and a second for a
+    pin-memory thread): ask them to leave as DataLoader's shutdown does (its pin-memory thread
+    first, ``done_event``, then ``None`` on each index queue), terminate those still there
+    after ``grace_s``, kill what is left after another ``grace_s``, then let DataLoader
+    release its queues and threads. ``iterator`` may be what a DataLoader subclass's
     generator ``__iter__`` returned: its DataLoader iterator is found inside
     (``inner.real_iterator``).
 
@@ -226,7 +227,14 @@ def stop_workers(iterator: object, *, grace_s: float = 0.5) -> None:
     _wait_ended(alive, grace_s)
     pinning = getattr(iterator, "_pin_memory_thread", None)
     if pinning is not None and pinning.is_alive():
-        return  # _shutdown_workers would join it with no bound: its queues go with the iterator
+        # Stuck (on half a message from a worker ended mid-write): DataLoader's shutdown, here
+        # or in the iterator's __del__, would join it with no bound. It is left to end with
+        # the process (a daemon thread); its queue is closed without waiting for its feeder.
+        it: Any = iterator
+        _quietly(it._worker_result_queue.cancel_join_thread)
+        _quietly(it._worker_result_queue.close)
+        with contextlib.suppress(AttributeError):
+            del it._pin_memory_thread  # DataLoader looks for it with hasattr()
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         _quietly(shutdown)
@@ -242,14 +250,17 @@ def _wait_ended(workers: list[Any], timeout_s: float) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     alive = [proc for proc in workers if _running(proc)]
     while alive and (left := deadline - time.monotonic()) > 0:
-        sentinels = []
+        sentinels = {}
         for proc in alive:
             with contextlib.suppress(Exception):
-                sentinels.append(proc.sentinel)
+                sentinels[proc.sentinel] = proc
         if not sentinels:
             break
-        multiprocessing.connection.wait(sentinels, timeout=left)
-        alive = [proc for proc in alive if _running(proc)]
+        ready = multiprocessing.connection.wait(list(sentinels), timeout=left)
+        ended = {id(sentinels[s]) for s in ready}
+        # Ended, by its sentinel, yet not reaped here: someone else reaped it (SIGCHLD
+        # ignored, say): nothing more to wait for, and no pid of its to signal.
+        alive = [p for p in alive if _running(p) and id(p) not in ended]
     return alive
 
 

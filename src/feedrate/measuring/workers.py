@@ -206,7 +206,8 @@ def stream_digests(
             began = clock() if began is None else began
             per_worker.setdefault(worker_id, []).append(item_digest)
             identities.setdefault(worker_id, []).append(item_identity)
-            cpu_s, wall_s = cpu_s + item_cpu, wall_s + item_wall
+            if len(identities[worker_id]) > 1:  # a first item also opens the stream
+                cpu_s, wall_s = cpu_s + item_cpu, wall_s + item_wall
             if clock() - began > seconds:
                 complete = False
                 break

@@ -29,8 +29,9 @@ BUSY_MARGIN = 1.25
 def fewer(space: Space, trials: list[Trial]) -> Proposal | None:
     """Online: the fewest workers tried keep the consumer fed; half as many may too. A
     stream's trial is a whole epoch, so a count that does not feed it costs one: where its
-    probe measured what a busy worker uses (``Space.busy_worker_cpu``), the count its fed
-    trial kept busy (their CPU over one busy worker's), with ``BUSY_MARGIN``, or none."""
+    probe measured what a busy worker uses (``Space.busy_worker_cpu``), and the workers' CPU
+    was read, the count its fed trial kept busy (their CPU over one busy worker's), with
+    ``BUSY_MARGIN``, or none (from one worker: none, as elsewhere, where ``zero`` allows)."""
     main = series(space, trials)
     fed = [t.config.num_workers for t in main if covers(t)]
     if not fed or min(fed) == 0:
@@ -42,7 +43,7 @@ def fewer(space: Space, trials: list[Trial]) -> Proposal | None:
     if c == 1 and zero_stall(top) > ZERO_STALL:
         return None  # the worker's CPU time, moved into the loop, would stall it
     per_worker = space.busy_worker_cpu
-    if per_worker is None or per_worker <= 0:
+    if per_worker is None or per_worker <= 0 or top.workers_cpu <= 0 or c == 1:
         return with_workers(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
     busy = top.workers_cpu / per_worker
     n = max(1, math.ceil(busy * BUSY_MARGIN))

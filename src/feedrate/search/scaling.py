@@ -32,9 +32,11 @@ MAX_FACTOR = 16
 #: A ceiling within this factor of the workers tried is reached: no step up is worth a trial.
 NEAR = 1.25
 
-#: A stream's first epoch starts with at most this many workers per usable CPU: the projection
-#: rests on 2 workers' first items, and what a worker costs in memory is not measured yet.
+#: A stream's first epoch starts with at most this many workers per usable CPU, and this many
+#: more than the CPUs: the projection rests on 2 workers' first items, and what a worker costs
+#: in memory is not measured yet (the search goes on from there, an epoch a trial).
 STREAM_START_PER_CPU = 4
+STREAM_START_OVER_CPUS = 32
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,12 @@ def stream_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceilin
     """Where a stream's first epoch starts (an IterableDataset's settings change only between
     epochs, so its first epoch runs whole on the count it starts at), from ``cpu_share``, the
     share of their time 2 probe workers making its first items spent on a CPU: the count whose
-    workers fill ``CPU_CEILING`` of the usable CPUs, at most ``STREAM_START_PER_CPU`` per CPU
-    and ``max_workers``. None where that is not more than one worker per usable CPU (the usual
-    start) or nothing was measured."""
+    workers fill ``CPU_CEILING`` of the usable CPUs, within ``STREAM_START_PER_CPU`` per CPU,
+    ``STREAM_START_OVER_CPUS`` over them and ``max_workers``. None where that is not more
+    than one worker per usable CPU (the usual start) or nothing was measured."""
     if cpu_share is None or cpus < 1:
         return None
-    most = min(max_workers, STREAM_START_PER_CPU * cpus)
+    most = min(max_workers, STREAM_START_PER_CPU * cpus, cpus + STREAM_START_OVER_CPUS)
     n = most if cpu_share <= 0 else min(most, math.floor(CPU_CEILING * cpus / cpu_share))
     if n <= cpus:
         return None
@@ -140,5 +142,5 @@ def stream_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceilin
         n,
         f"{n} workers: 2 workers making the stream's first items were on a CPU "
         f"{cpu_share:.0%} of the time, so about {n} fill {CPU_CEILING:.0%} of the {cpus} usable "
-        f"CPUs (at most {STREAM_START_PER_CPU} per CPU; projected, not measured)",
+        f"CPUs (at most {most}; projected, not measured)",
     )
