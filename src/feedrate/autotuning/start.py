@@ -102,9 +102,9 @@ def starting_point(
     # worker: its worker count changes only when 2 workers were seen to yield different
     # samples (a few seconds, once) or its library is known to split it.
     unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
-    config, started_from, stall = _start_config(loader, facts, space, keys, share)
-    config, started_from = within_shm(loader, facts, config, started_from)
     space = replace(space, busy_worker_cpu=share)
+    config, started_from, stall = _start_config(loader, facts, space, keys)
+    config, started_from = within_shm(loader, facts, config, started_from)
     if unsplit is not None:
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE
@@ -166,16 +166,12 @@ def save(cache_key: str | None, config: LoaderConfig, stall: float) -> None:
 
 
 def _start_config(
-    loader: DataLoader[Any],
-    facts: MachineFacts,
-    space: Space,
-    keys: list[str],
-    stream_cpu_share: float | None,
+    loader: DataLoader[Any], facts: MachineFacts, space: Space, keys: list[str]
 ) -> tuple[LoaderConfig, str, float | None]:
     """The cached settings under ``keys`` (autotune's own first; within max_workers and
     allow_threads), else yours when they use workers, else one worker per usable CPU with
     your other settings, or more for a stream whose probe workers mostly waited
-    (``stream_cpu_share``: its first epoch runs whole on the count it starts at)."""
+    (``space.busy_worker_cpu``: its first epoch runs whole on the count it starts at)."""
     for key in keys:
         doc = cache.load(key)
         config = _cached_config(doc)
@@ -189,7 +185,7 @@ def _start_config(
         return online(capped), "your settings", None
     w = min(facts.cpus_usable, space.max_workers)
     why = f"{w} workers, one per usable CPU"
-    waiting = stream_start(facts.cpus_usable, stream_cpu_share, space.max_workers)
+    waiting = stream_start(facts.cpus_usable, space.busy_worker_cpu, space.max_workers)
     if waiting is not None:
         w, why = waiting.workers, waiting.what
     start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
