@@ -37,7 +37,7 @@ from feedrate.autotuning.lanes import Lane, Stream
 from feedrate.autotuning.probing import TrialProbe
 from feedrate.autotuning.ranked import Job, local_ranks
 from feedrate.autotuning.start import Start, save, starting_point, tuner_for
-from feedrate.distributed import group
+from feedrate.distributed import forks, group
 from feedrate.distributed.channel import RankError
 from feedrate.distributed.node import pinned_apart, share
 from feedrate.loader import libraries
@@ -160,6 +160,8 @@ class AutoLoader(delegation.Surface):
 
     def _join(self) -> None:
         """At the first iteration of a distributed job (collective): the other ranks met."""
+        if group.active():
+            forks.guard_forks()  # lanes fork workers between the job's collectives
         if self._coordinate is not False and group.active():
             self._meet(Job.open())  # should it fail, the next iteration tries again
         self._joined = True

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from feedrate.distributed import forks
 from feedrate.distributed.group import Ranks, node_key, ranks_of
 from feedrate.errors import FeedrateError
 from feedrate.machine.facts import cpu_ids
@@ -59,6 +60,7 @@ class Channel:
         """Collective: every rank of the job opens it at the same point. The first contact
         (which ranks share a node, and the CPUs each may run on) waits ``join_s`` at most;
         every call after it ``timeout_s`` at most. ``what`` names the work in errors."""
+        forks.guard_forks()  # the workers feedrate forks next come right after these calls
         world, rank = dist.get_world_size(), dist.get_rank()
         unknown = Ranks(rank, world, 0, 1, 0, 1, (0,) * world)
         try:

@@ -1,0 +1,118 @@
+"""Forks that do not deadlock beside ``torch.distributed``'s threads, on the Pythons that need it.
+
+On CPython before 3.8.20, 3.9.20, 3.10.15 and 3.11.10 (gh-112275), a child of ``os.fork()``
+hangs for good inside the fork itself, before any of its Python code runs, if at that instant
+another thread held the interpreter's lock on its list of thread states. A thread holds it
+without the GIL only while it makes a Python thread state for itself: ``torch.distributed``'s
+C++ threads do that each time they release the last reference to a tensor that Python let go
+of (gloo's worker threads, after every collective, as they free the collective's tensors;
+NCCL's watchdog likewise). A DataLoader worker forked within those microseconds never starts,
+and the loader waits for its batches for ever. In a job where the ranks talk after every step
+(training's all-reduce, autotune's own calls just before a lane starts its workers), that was
+one lane start in a few hundred on a busy machine; and 4 forks in 2,000 beside a loop of
+all-reduces (``benchmarks/fork_guard.py``).
+
+``guard_forks`` makes each fork of this process, while ``torch.distributed`` is initialized,
+first wait until no thread that Python does not know (a C++ thread: inside that window it is
+running or waiting for a CPU, never asleep) is running, for ``FORK_WAIT_S`` at most. Threads
+Python knows are left out: they take that lock only while holding the GIL, which the forking
+thread holds. Where the fix is in Python, or ``/proc`` cannot be read, nothing is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+#: The longest a fork waits for busy C++ threads (s): a thread that spins (a communication
+#: library's progress thread in the middle of a transfer) costs each fork this much at most.
+#: A thread in the window leaves it in microseconds once it has a CPU.
+FORK_WAIT_S = 0.1
+
+#: How often a waiting fork looks again (s); the sleep also lets such a thread have the GIL.
+POLL_S = 0.0005
+
+#: The first release of each affected line that carries the fix (gh-112275).
+FIXED = {(3, 8): 20, (3, 9): 20, (3, 10): 15, (3, 11): 10}
+
+_installed = False
+
+
+def affected(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> bool:
+    """Whether this Python's child of a fork can inherit that lock held (gh-112275)."""
+    line = (version[0], version[1])
+    if line >= (3, 12):
+        return False
+    fixed = FIXED.get(line)
+    return fixed is None or version[2] < fixed
+
+
+def guard_forks() -> bool:
+    """Install the wait before every fork of this process (once; a no-op where the Python is
+    fixed or ``/proc/self/task`` cannot be read). Whether it is installed."""
+    global _installed
+    if _installed:
+        return True
+    if not affected() or not hasattr(os, "register_at_fork") or not _readable():
+        return False
+    os.register_at_fork(before=_before_fork)
+    _installed = True
+    return True
+
+
+def _readable() -> bool:
+    try:
+        return bool(os.listdir("/proc/self/task"))
+    except OSError:
+        return False
+
+
+def _before_fork() -> None:
+    # A fork hook must never fail the fork: any trouble reading /proc, and it goes ahead.
+    try:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not (dist.is_available() and dist.is_initialized()):
+            return
+        known = {t.native_id for t in threading.enumerate() if t.native_id is not None}
+        wait_quiet(lambda: busy_threads(known), FORK_WAIT_S)
+    except Exception:
+        return
+
+
+def wait_quiet(
+    busy: Callable[[], set[int]],
+    limit_s: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> set[int]:
+    """Wait until ``busy()`` is empty, ``limit_s`` at most: the threads still busy at the end
+    (empty when it went quiet in time)."""
+    deadline = clock() + limit_s
+    while True:
+        now_busy = busy()
+        if not now_busy or clock() >= deadline:
+            return now_busy
+        sleep(POLL_S)
+
+
+def busy_threads(known: set[int], task_dir: str = "/proc/self/task") -> set[int]:
+    """This process's threads, outside ``known``, that are running or waiting for a CPU (or in
+    an uninterruptible wait): every state but asleep, stopped, idle or gone."""
+    out = set()
+    for name in os.listdir(task_dir):
+        tid = int(name)
+        if tid in known:
+            continue
+        try:
+            with open(f"{task_dir}/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # ended meanwhile
+        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]  # after "tid (comm) "
+        if state not in (b"S", b"T", b"t", b"I", b"Z", b"X", b""):
+            out.add(tid)
+    return out
