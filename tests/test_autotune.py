@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import feedrate
-from feedrate.autotuning import lanes
+from feedrate.autotuning import lanes, start
 from feedrate.autotuning.lanes import Lane
 from feedrate.autotuning.loader import AutoLoader
 from feedrate.errors import UserError
@@ -27,7 +27,14 @@ from feedrate.search.actions import Action, Try
 from feedrate.search.tuner import OnlineTuner
 from feedrate.search.watch import RETUNE_STALL, WATCH_S
 
-from pipelines import PairBatchSampler, ShardedStream, SleepDataset, TinyDataset, UnshardedStream
+from pipelines import (
+    BusyDataset,
+    PairBatchSampler,
+    ShardedStream,
+    SleepDataset,
+    TinyDataset,
+    UnshardedStream,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +68,13 @@ def switches(auto: AutoLoader) -> int:
 # 3 ms per sample, 16 a batch: one worker makes 20 batches/s, the loop wants ~250; the tuner
 # has to move through several configurations inside the first epoch.
 SLOW = SleepDataset(1000, sleep_s=0.003)
+
+
+@pytest.fixture
+def one_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start these tests' lanes are built around, one worker per usable CPU, though
+    ``SLOW`` mostly waits (autotune would start it higher: tested on its own)."""
+    monkeypatch.setattr(start, "WAITING_SHARE", 0.0)
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -367,6 +381,30 @@ def test_a_stream_whose_workers_mostly_wait_starts_with_more_workers_than_cpus(
             assert auto.config.num_workers == cpus and "one per usable CPU" in started
 
 
+@pytest.mark.parametrize(
+    ("dataset", "waits"),
+    [(SleepDataset(256, sleep_s=0.003), True), (BusyDataset(256, cpu_s=0.002), False)],
+    ids=["waiting", "cpu-bound"],
+)
+def test_a_loader_whose_first_batch_mostly_waited_starts_with_more_workers_than_cpus(
+    dataset: Any, waits: bool
+) -> None:
+    # A first trial at one worker per CPU on a pipeline that waits on storage runs seconds of
+    # the first epoch at a fraction of the speed. Its first batch, made in this process (for
+    # the /dev/shm check), was on a CPU a few percent of the time: start where that many
+    # workers would fill the CPUs. A CPU-bound one starts at one worker per usable CPU.
+    if not waits and not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        pytest.skip("needs Linux's schedstat: a busy machine would read as a waiting loader")
+    cpus = collect().cpus_usable
+    with feedrate.autotune(DataLoader(dataset, batch_size=16), cache=False) as auto:
+        started = auto.report().started_from
+        if waits:
+            assert auto.config.num_workers > cpus and "projected" in started
+            assert "the first batch" in started
+        else:
+            assert auto.config.num_workers == cpus and "one per usable CPU" in started
+
+
 def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:
     make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(9))  # noqa: E731
     want = epochs(make(), 1)
@@ -403,6 +441,7 @@ def test_trials_know_the_batch_bytes() -> None:
 
 def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
     monkeypatch: pytest.MonkeyPatch,
+    one_per_cpu: None,
 ) -> None:
     # The second lane takes three index batches from the epoch's stream, then its start fails
     # (as when /dev/shm or memory runs out), on its own thread while the first lane drains:
@@ -425,7 +464,9 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
     assert any(e.what.startswith("stay on") for e in report.events), report
 
 
-def test_a_lane_with_no_thread_to_start_on_loses_no_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lane_with_no_thread_to_start_on_loses_no_batch(
+    monkeypatch: pytest.MonkeyPatch, one_per_cpu: None
+) -> None:
     # Where no thread can be had (a thread limit, memory), the next lane's start fails as a
     # failed fork does: found at the take-over, the lane in use goes on, every batch once.
     real = threading.Thread.start
@@ -464,6 +505,7 @@ def test_a_lane_starts_its_workers_on_the_loop_s_gpu(monkeypatch: pytest.MonkeyP
 
 def test_the_next_lane_starts_beside_the_loop_and_a_stop_meanwhile_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch,
+    one_per_cpu: None,
 ) -> None:
     # Forking many workers takes seconds (96 took 2-3 s on 2 CPUs): the next lane starts on a
     # thread of its own and the loop drains the lane in use meanwhile. A start made to take
@@ -493,6 +535,7 @@ def test_the_next_lane_starts_beside_the_loop_and_a_stop_meanwhile_leaves_nothin
 
 def test_measuring_the_configuration_in_use_again_keeps_its_workers(
     monkeypatch: pytest.MonkeyPatch,
+    one_per_cpu: None,
 ) -> None:
     # Near-tied leaders are measured again in turn; where the one to measure again is the one
     # running, its trial goes on on the lane in use: no new workers (72 of them took 6 s to

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import random
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from faults import (
     with_small_shm,
     write_target,
 )
+from pipelines import BusyDataset, SleepDataset, TinyDataset
 
 MiB = 2**20
 QUICK: dict[str, Any] = {"trial_seconds": 0.3, "timeout_s": 20.0}
@@ -70,6 +72,18 @@ def test_the_batch_is_made_in_the_main_process() -> None:
     made = main_process_batch(loader)
     assert made.bytes == 4 * (MiB // 4) and made.tensors == 1
     assert dataset.pids == [os.getpid()] * 4  # no worker made any of it
+
+
+def test_the_batch_says_how_much_of_its_time_was_on_a_cpu() -> None:
+    # 16 waits of 3 ms: a few percent on a CPU (the collate's); 16 spins of 2 ms: nearly all
+    # (the test's wait for a CPU on a busy machine left out, where schedstat shows it); a batch
+    # made within MIN_TIMED_S says too little.
+    waiting = main_process_batch(DataLoader(SleepDataset(64, sleep_s=0.003), batch_size=16))
+    assert waiting.cpu_share is not None and waiting.cpu_share < 0.15
+    assert main_process_batch(DataLoader(TinyDataset(64), batch_size=4)).cpu_share is None
+    if Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        busy = main_process_batch(DataLoader(BusyDataset(64, cpu_s=0.002), batch_size=16))
+        assert busy.cpu_share is not None and busy.cpu_share > 0.5
 
 
 def test_the_batch_leaves_the_random_state_and_a_one_shot_sampler_alone() -> None:

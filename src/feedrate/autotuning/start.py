@@ -7,6 +7,8 @@ IterableDataset may be given workers at all.
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -23,12 +25,18 @@ from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import device as devices
 from feedrate.measuring.measure import warmup_batches
-from feedrate.measuring.shm import main_process_batch
+from feedrate.measuring.shm import MainBatch, main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
 from feedrate.search.scaling import stream_start
 from feedrate.search.space import Space
 from feedrate.search.tuner import OnlineTuner, online
+
+#: A map-style loader starts above one worker per CPU only when its first batch was on a CPU at
+#: most this share of the time: one batch is a small sample (a busy machine, first calls), and
+#: a CPU-bound one read as 0.4-0.9 on this project's 2 CPUs beside two busy loops; a loader
+#: waiting on storage or a network reads a few percent.
+WAITING_SHARE = 0.15
 
 #: How ``started_from`` reads when the settings came from the cache.
 FROM_CACHE = "the cached settings of an earlier run"
@@ -103,8 +111,9 @@ def starting_point(
     # samples (a few seconds, once) or its library is known to split it.
     unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
     space = replace(space, busy_worker_cpu=share)
-    config, started_from, stall = _start_config(loader, facts, space, keys)
-    config, started_from = within_shm(loader, facts, config, started_from)
+    first = functools.cache(lambda: main_process_batch(loader))  # made once, if at all
+    config, started_from, stall = _start_config(loader, facts, space, keys, first)
+    config, started_from = within_shm(loader, facts, config, started_from, first)
     if unsplit is not None:
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE
@@ -137,18 +146,23 @@ def tuner_for(start: Start, *, rate: float | None, budget_s: float, counted: boo
 
 
 def within_shm(
-    loader: DataLoader[Any], facts: MachineFacts, config: LoaderConfig, started_from: str
+    loader: DataLoader[Any],
+    facts: MachineFacts,
+    config: LoaderConfig,
+    started_from: str,
+    first: Callable[[], MainBatch] | None = None,
 ) -> tuple[LoaderConfig, str]:
     """``config``, or the nearest configuration whose batches in flight fit /dev/shm when
     ``config``'s are predicted to overflow it (``shm_finding``, sized by one batch made in the
     main process, so no worker starts first; not for a dataset that this would break,
-    ``libraries.unsafe_to_iterate_here``), with ``started_from`` saying why."""
+    ``libraries.unsafe_to_iterate_here``), with ``started_from`` saying why. ``first``: that
+    batch, where the caller made it already."""
     if config.num_workers == 0 or facts.shm_free_bytes is None:
         return config, started_from
     if libraries.unsafe_to_iterate_here(loader.dataset) is not None:
         return config, started_from  # a batch made here would break the workers after it
     machine = facts.to_dict()
-    batch = main_process_batch(loader).bytes
+    batch = (first or functools.partial(main_process_batch, loader))().bytes
     found = shm_finding(config, machine, batch)
     if found is None:
         return config, started_from
@@ -166,12 +180,18 @@ def save(cache_key: str | None, config: LoaderConfig, stall: float) -> None:
 
 
 def _start_config(
-    loader: DataLoader[Any], facts: MachineFacts, space: Space, keys: list[str]
+    loader: DataLoader[Any],
+    facts: MachineFacts,
+    space: Space,
+    keys: list[str],
+    first: Callable[[], MainBatch],
 ) -> tuple[LoaderConfig, str, float | None]:
     """The cached settings under ``keys`` (autotune's own first; within max_workers and
     allow_threads), else yours when they use workers, else one worker per usable CPU with
-    your other settings, or more for a stream whose probe workers mostly waited
-    (``space.busy_worker_cpu``: its first epoch runs whole on the count it starts at)."""
+    your other settings, or more for a loader that mostly waits: a stream whose probe workers
+    did (``space.busy_worker_cpu``: its first epoch runs whole on the count it starts at), or
+    a map-style loader whose ``first`` batch, made in this process, did (its first trial at
+    one worker per CPU would take seconds of an epoch at a fraction of the speed)."""
     for key in keys:
         doc = cache.load(key)
         config = _cached_config(doc)
@@ -186,10 +206,24 @@ def _start_config(
     w = min(facts.cpus_usable, space.max_workers)
     why = f"{w} workers, one per usable CPU"
     waiting = stream_start(facts.cpus_usable, space.busy_worker_cpu, space.max_workers)
+    if waiting is None and w > 0 and not is_iterable_style(loader):
+        share = first_share(loader, first)
+        seen = "the first batch, made in this process, was"
+        waiting = stream_start(facts.cpus_usable, share, space.max_workers, seen=seen)
     if waiting is not None:
         w, why = waiting.workers, waiting.what
     start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
     return online(start), why, None
+
+
+def first_share(loader: DataLoader[Any], first: Callable[[], MainBatch]) -> float | None:
+    """The share of its time the loader's first batch, made in this process, spent on a CPU,
+    where at most ``WAITING_SHARE``; None above it, or where a batch must not be made here
+    (``libraries.unsafe_to_iterate_here``)."""
+    if libraries.unsafe_to_iterate_here(loader.dataset) is not None:
+        return None
+    share = first().cpu_share
+    return share if share is not None and share <= WAITING_SHARE else None
 
 
 def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:

@@ -1,6 +1,7 @@
 """One batch made in the main process (no workers), before anything risky runs: its bytes and
 tensors are what the /dev/shm and open-file predictions need (``checks.machine.shm_finding``),
-and making it starts no worker, so nothing goes through /dev/shm.
+and making it starts no worker, so nothing goes through /dev/shm. Its share of time on a CPU
+tells a pipeline that mostly waits (on storage, a network) from one that computes.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,16 +22,24 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style, rebuild
 from feedrate.measuring.diagnosis import explain
 from feedrate.measuring.failures import IndexReportingDataset, Watchdog
+from feedrate.measuring.runqueue import ThreadQueued
+
+#: A first batch made faster than this (s) says too little of where its time goes to be read
+#: (first calls, page faults); a loader that fast needs few workers whatever it waits on.
+MIN_TIMED_S = 0.02
 
 
 @dataclass(frozen=True)
 class MainBatch:
     """The first batch of the loader's own batching, made without workers: its ``bytes`` (the
-    tensors' storage) and ``tensors``; ``batch`` kept only when asked for."""
+    tensors' storage) and ``tensors``; ``batch`` kept only when asked for. ``cpu_share``: the
+    share of the time making it took (its wait for a CPU on a busy machine left out) that this
+    thread spent on one; None when it took less than ``MIN_TIMED_S``."""
 
     bytes: int | None
     tensors: int | None
     batch: Any = None
+    cpu_share: float | None = None
 
 
 def main_process_batch(
@@ -50,7 +60,12 @@ def main_process_batch(
     ):
         try:
             it = iter(run)
+            queued = ThreadQueued()
+            marks = time.perf_counter(), time.thread_time(), queued()
             batch = next(it, None)
+            wall = time.perf_counter() - marks[0] - (queued() - marks[2])
+            cpu = time.thread_time() - marks[1]
+            queued.close()
         except Exception as exc:
             error = explain(exc, it)
             if error is None:
@@ -58,7 +73,9 @@ def main_process_batch(
             raise error from exc
     if batch is None:
         return MainBatch(None, None)
-    return MainBatch(batch_nbytes(batch), count_tensors(batch), batch if keep_batch else None)
+    share = min(1.0, cpu / wall) if wall >= MIN_TIMED_S else None
+    kept = batch if keep_batch else None
+    return MainBatch(batch_nbytes(batch), count_tensors(batch), kept, share)
 
 
 def _one_shot(loader: DataLoader[Any]) -> bool:

@@ -125,13 +125,20 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
     return n, why
 
 
-def stream_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceiling | None:
+#: What ``stream_start`` read its share from, for a stream.
+STREAM_SEEN = "2 workers making the stream's first items were"
+
+
+def stream_start(
+    cpus: int, cpu_share: float | None, max_workers: int, *, seen: str = STREAM_SEEN
+) -> Ceiling | None:
     """Where a stream's first epoch starts (an IterableDataset's settings change only between
     epochs, so its first epoch runs whole on the count it starts at), from ``cpu_share``, the
     share of their time 2 probe workers making its first items spent on a CPU: the count whose
     workers fill ``CPU_CEILING`` of the usable CPUs, within ``STREAM_START_PER_CPU`` per CPU,
     ``STREAM_START_OVER_CPUS`` over them and ``max_workers``. None where that is not more
-    than one worker per usable CPU (the usual start) or nothing was measured."""
+    than one worker per usable CPU (the usual start) or nothing was measured. The same rule
+    starts a map-style loader from its first batch's share (``seen`` says what was timed)."""
     if cpu_share is None or cpus < 1:
         return None
     most = min(max_workers, STREAM_START_PER_CPU * cpus, cpus + STREAM_START_OVER_CPUS)
@@ -140,7 +147,6 @@ def stream_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceilin
         return None
     return Ceiling(
         n,
-        f"{n} workers: 2 workers making the stream's first items were on a CPU "
-        f"{cpu_share:.0%} of the time, so about {n} fill {CPU_CEILING:.0%} of the {cpus} usable "
-        f"CPUs (at most {most}; projected, not measured)",
+        f"{n} workers: {seen} on a CPU {cpu_share:.0%} of the time, so about {n} fill "
+        f"{CPU_CEILING:.0%} of the {cpus} usable CPUs (at most {most}; projected, not measured)",
     )
