@@ -64,6 +64,17 @@ dist.destroy_process_group()
 """
 
 
+def end(proc: subprocess.Popen[str], script: Path) -> None:
+    """Kill a job: torchrun's ranks (and their workers) are in sessions of their own, found
+    by the job's script in their command lines; then torchrun's own session."""
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(script) in " ".join(p.info["cmdline"] or []):
+                p.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def job(arm: str, cycles: int, timeout_s: float) -> dict[str, Any]:
     """One torchrun job of ``cycles`` epochs: whether it hung, its seconds."""
     with tempfile.TemporaryDirectory(prefix="fr-ddp-") as tmp:
@@ -87,15 +98,12 @@ def job(arm: str, cycles: int, timeout_s: float) -> dict[str, Any]:
             _, err = proc.communicate(timeout=timeout_s)
             hung = False
         except subprocess.TimeoutExpired:
-            # torchrun's ranks (and their workers) are in sessions of their own: found by the
-            # job's script in their command lines.
-            for p in psutil.process_iter(["cmdline"]):
-                with contextlib.suppress(psutil.Error):
-                    if str(script) in " ".join(p.info["cmdline"] or []):
-                        p.kill()
-            os.killpg(proc.pid, signal.SIGKILL)
+            end(proc, script)
             _, err = proc.communicate()
             hung = True
+        except BaseException:  # Ctrl-C: no job left running
+            end(proc, script)
+            raise
         took = time.monotonic() - began
     failed = not hung and proc.returncode != 0
     return {
@@ -127,7 +135,10 @@ def main() -> None:
     total = {
         arm: {
             "jobs": sum(1 for r in runs if r["arm"] == arm),
-            "cycles": sum(r["cycles"] for r in runs if r["arm"] == arm),
+            # whole jobs only: a hung one's cycles before the hang are not known
+            "cycles": sum(
+                r["cycles"] for r in runs if r["arm"] == arm and not (r["hung"] or r["failed"])
+            ),
             "hung": sum(1 for r in runs if r["arm"] == arm and r["hung"]),
             "failed": sum(1 for r in runs if r["arm"] == arm and r["failed"]),
         }
@@ -148,7 +159,7 @@ def main() -> None:
         "",
         f"{doc['when']}, {machine_line(machine)}; {args.cycles} cycles a job.",
         "",
-        "| arm | jobs | cycles | hung | failed |",
+        "| arm | jobs | cycles of jobs that ended | hung | failed |",
         "|---|---|---|---|---|",
         *(
             f"| {a} | {t['jobs']} | {t['cycles']:,} | {t['hung']} | {t['failed']} |"

@@ -96,7 +96,9 @@ def main() -> None:
         for mode in order:
             cmd = [sys.executable, __file__, "--arm", mode, "--forks", str(args.forks)]
             cmd += ["--threads", str(args.threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            # an arm whose own parent hung would never end: bounded, at 0.2 s a fork and more
+            limit = 60 + 0.2 * args.forks + HANG_S * args.forks / 100
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=limit)
             run = json.loads(done.stdout.strip().splitlines()[-1]) | {"round": r}
             runs.append(run)
             print(

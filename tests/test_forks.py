@@ -6,6 +6,7 @@ talks over ``torch.distributed``. (That the wait takes the hangs away is counted
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
 import time
@@ -80,8 +81,10 @@ def test_the_real_threads_states_are_read() -> None:
     sleeper.start()
     try:
         assert sleeper.native_id is not None
-        for _ in range(200):  # until it has gone to sleep on the event
-            if sleeper.native_id not in forks.busy_threads(set()):
+        asleep = 0
+        for _ in range(500):  # until seen asleep twice in a row (on the event, not the GIL)
+            asleep = asleep + 1 if sleeper.native_id not in forks.busy_threads(set()) else 0
+            if asleep == 2:
                 break
             time.sleep(0.01)
         busy = forks.busy_threads(set())
@@ -98,14 +101,35 @@ def test_the_wait_runs_before_a_fork_only_in_a_distributed_job(
 ) -> None:
     waited: list[set[int]] = []
     monkeypatch.setattr(forks, "wait_quiet", lambda busy, limit: waited.append(busy()) or set())
-    monkeypatch.setattr(forks, "busy_threads", lambda known: {-1} if known else set())
+    looked: list[set[int]] = []
+    monkeypatch.setattr(forks, "busy_threads", lambda known: looked.append(known) or {-1})
     job = SimpleNamespace(is_available=lambda: True, is_initialized=lambda: False)
     monkeypatch.setitem(__import__("sys").modules, "torch.distributed", job)
     forks._before_fork()
     assert waited == []  # torch.distributed not initialized: no C++ thread of its to wait for
     job.is_initialized = lambda: True
     forks._before_fork()
-    assert waited == [{-1}]  # the threads Python knows (this one at least) left out
+    assert waited == [{-1}]
+    # The forking thread (running, always) and the others Python runs are left out.
+    assert threading.get_native_id() in looked[0]
+    assert threading.main_thread().native_id in looked[0]
+
+
+def test_a_foreign_thread_that_once_ran_python_is_still_watched() -> None:
+    # A thread Python did not start gets a dummy entry in threading for good once its code
+    # asks for its thread (a callback, logging): it is still a thread to wait for.
+    seen: list[int] = []
+    done = threading.Event()
+
+    def foreign() -> None:
+        threading.current_thread()  # registers the dummy
+        seen.append(threading.get_native_id())
+        done.set()
+
+    _thread.start_new_thread(foreign, ())
+    assert done.wait(10)
+    assert seen[0] not in forks.python_threads()
+    assert threading.get_native_id() in forks.python_threads()
 
 
 def test_a_failing_wait_never_fails_the_fork(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,18 +9,21 @@ of (gloo's worker threads, after every collective, as they free the collective's
 NCCL's watchdog likewise). A DataLoader worker forked within those microseconds never starts,
 and the loader waits for its batches for ever. In a job where the ranks talk after every step
 (training's all-reduce, autotune's own calls just before a lane starts its workers), that was
-one lane start in a few hundred on a busy machine; and 4 forks in 2,000 beside a loop of
+about one lane start in 500 on a busy machine; and 3 forks in 3,000 beside a loop of
 all-reduces (``benchmarks/fork_guard.py``).
 
 ``guard_forks`` makes each fork of this process, while ``torch.distributed`` is initialized,
-first wait until no thread that Python does not know (a C++ thread: inside that window it is
-running or waiting for a CPU, never asleep) is running, for ``FORK_WAIT_S`` at most. Threads
-Python knows are left out: they take that lock only while holding the GIL, which the forking
-thread holds. Where the fix is in Python, or ``/proc`` cannot be read, nothing is installed.
+first wait until no thread that Python does not know (a C++ thread: holding that lock, it is
+running or waiting for a CPU, never asleep; nothing under the lock sleeps) is running, for
+``FORK_WAIT_S`` at most. Threads Python runs are left out: they take that lock only while
+holding the GIL, which the forking thread holds. It makes the hang rarer, not impossible: a
+thread woken between the last look and the fork can still take the lock. Where the fix is in
+Python, or ``/proc`` cannot be read, nothing is installed.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 import threading
@@ -76,10 +79,23 @@ def _before_fork() -> None:
         dist = sys.modules.get("torch.distributed")
         if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
-        known = {t.native_id for t in threading.enumerate() if t.native_id is not None}
+        known = python_threads()
         wait_quiet(lambda: busy_threads(known), FORK_WAIT_S)
+    except KeyboardInterrupt:
+        _thread.interrupt_main()  # a hook's exception is only printed: Ctrl-C comes again
     except Exception:
         return
+
+
+def python_threads() -> set[int]:
+    """The native ids of the threads Python runs (started by ``threading``, or the main one).
+    A C++ thread that once ran Python code asking for its thread is there too, as a dummy
+    thread, for good: it is not left out. Read without ``threading``'s lock, which a fork from
+    a signal handler could find held by the thread it interrupted."""
+    active = getattr(threading, "_active", None)
+    threads = list(active.values()) if isinstance(active, dict) else threading.enumerate()
+    dummy = getattr(threading, "_DummyThread", ())
+    return {t.native_id for t in threads if t.native_id is not None and not isinstance(t, dummy)}
 
 
 def wait_quiet(
