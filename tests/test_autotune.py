@@ -358,49 +358,33 @@ def test_iterable_dataset_that_splits_its_stream_gets_workers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stream", "waits"),
-    [(ShardedStream(96, sleep_s=0.01), True), (ShardedStream(96, cpu_s=0.01), False)],
-    ids=["waiting", "cpu-bound"],
+    ("make", "waits", "seen"),
+    [
+        (lambda: DataLoader(ShardedStream(96, sleep_s=0.01), batch_size=4), True, "2 workers"),
+        (lambda: DataLoader(ShardedStream(96, cpu_s=0.01), batch_size=4), False, None),
+        (lambda: DataLoader(SleepDataset(256, sleep_s=0.003), batch_size=16), True, "first batch"),
+        (lambda: DataLoader(BusyDataset(256, cpu_s=0.002), batch_size=16), False, None),
+    ],
+    ids=["stream-waiting", "stream-cpu-bound", "map-waiting", "map-cpu-bound"],
 )
-def test_a_stream_whose_workers_mostly_wait_starts_with_more_workers_than_cpus(
-    stream: ShardedStream, waits: bool
+def test_a_loader_that_mostly_waits_starts_with_more_workers_than_cpus(
+    make: Callable[[], DataLoader[Any]], waits: bool, seen: str | None
 ) -> None:
     # A stream's settings change only between epochs, so its first epoch runs whole on the
-    # count it starts at: 2 workers waiting on reads would leave it slow for an epoch. The
-    # probe's workers, on a CPU about 0-5% of the time here, project many more; a CPU-bound
-    # stream (the test's run-queue time taken out, should the machine be busy) starts at one
-    # worker per usable CPU.
-    if not waits and not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
-        pytest.skip("needs Linux's schedstat: a busy machine would read as a waiting stream")
-    cpus = collect().cpus_usable
-    with feedrate.autotune(DataLoader(stream, batch_size=4), cache=False) as auto:
-        started = auto.report().started_from
-        if waits:
-            assert auto.config.num_workers > cpus and "projected" in started
-        else:
-            assert auto.config.num_workers == cpus and "one per usable CPU" in started
-
-
-@pytest.mark.parametrize(
-    ("dataset", "waits"),
-    [(SleepDataset(256, sleep_s=0.003), True), (BusyDataset(256, cpu_s=0.002), False)],
-    ids=["waiting", "cpu-bound"],
-)
-def test_a_loader_whose_first_batch_mostly_waited_starts_with_more_workers_than_cpus(
-    dataset: Any, waits: bool
-) -> None:
-    # A first trial at one worker per CPU on a pipeline that waits on storage runs seconds of
-    # the first epoch at a fraction of the speed. Its first batch, made in this process (for
-    # the /dev/shm check), was on a CPU a few percent of the time: start where that many
-    # workers would fill the CPUs. A CPU-bound one starts at one worker per usable CPU.
+    # count it starts at: 2 workers waiting on reads would leave it slow for an epoch. Its
+    # probe's workers, on a CPU about 0-5% of the time here, project many more. A map-style
+    # loader's first trial at one worker per CPU would run seconds of the first epoch at a
+    # fraction of the speed: its first batch, made in this process (for the /dev/shm check),
+    # was on a CPU a few percent of the time. CPU-bound ones (the test's run-queue time taken
+    # out, should the machine be busy) start at one worker per usable CPU.
     if not waits and not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
         pytest.skip("needs Linux's schedstat: a busy machine would read as a waiting loader")
     cpus = collect().cpus_usable
-    with feedrate.autotune(DataLoader(dataset, batch_size=16), cache=False) as auto:
+    with feedrate.autotune(make(), cache=False) as auto:
         started = auto.report().started_from
         if waits:
             assert auto.config.num_workers > cpus and "projected" in started
-            assert "the first batch" in started
+            assert seen is not None and seen in started
         else:
             assert auto.config.num_workers == cpus and "one per usable CPU" in started
 
