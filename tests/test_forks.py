@@ -55,6 +55,7 @@ def test_a_fork_waits_no_longer_than_its_limit() -> None:
 
 
 def task_dir(tmp_path: Path, states: dict[int, tuple[str, str]]) -> str:
+    tmp_path.mkdir(exist_ok=True)
     for tid, (comm, state) in states.items():
         folder = tmp_path / str(tid)
         folder.mkdir()
@@ -71,6 +72,21 @@ def test_running_runnable_and_uninterruptible_threads_are_busy(tmp_path: Path) -
         5: ("python", "Z"),
     }
     assert forks.busy_threads({1}, task_dir(tmp_path, states)) == {2, 4}
+
+
+@pytest.mark.parametrize("through", ["libc", "python"])
+def test_a_state_is_read_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, through: str
+) -> None:
+    # Read through libc, keeping the GIL (no other Python thread runs between the last look
+    # and the fork); through Python's own files where libc cannot be loaded.
+    if through == "python":
+        monkeypatch.setattr(forks, "_libc", lambda: None)
+    stat = tmp_path / "stat"
+    stat.write_bytes(b"7 (gloo) R 1 2 3\n")
+    assert forks.read_holding_gil(str(stat)) == b"7 (gloo) R 1 2 3\n"
+    assert forks.read_holding_gil(str(tmp_path / "gone")) is None
+    assert forks.busy_threads(set(), task_dir(tmp_path / "t", {9: ("x", "R")})) == {9}
 
 
 def test_the_real_threads_states_are_read() -> None:

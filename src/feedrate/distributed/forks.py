@@ -24,11 +24,14 @@ Python, or ``/proc`` cannot be read, nothing is installed.
 from __future__ import annotations
 
 import _thread
+import ctypes
+import functools
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 #: The longest a fork waits for busy C++ threads (s): a thread that spins (a communication
 #: library's progress thread in the middle of a transfer) costs each fork this much at most.
@@ -61,6 +64,7 @@ def guard_forks() -> bool:
         return True
     if not affected() or not hasattr(os, "register_at_fork") or not _readable():
         return False
+    _libc()  # loaded now, not inside a fork
     os.register_at_fork(before=_before_fork)
     _installed = True
     return True
@@ -115,20 +119,60 @@ def wait_quiet(
         sleep(POLL_S)
 
 
-def busy_threads(known: set[int], task_dir: str = "/proc/self/task") -> set[int]:
+def busy_threads(
+    known: set[int],
+    task_dir: str = "/proc/self/task",
+    read: Callable[[str], bytes | None] | None = None,
+) -> set[int]:
     """This process's threads, outside ``known``, that are running or waiting for a CPU (or in
-    an uninterruptible wait): every state but asleep, stopped, idle or gone."""
+    an uninterruptible wait): every state but asleep, stopped, idle or gone. Their states are
+    read with ``read`` (default ``read_holding_gil``), so that once this finds none busy no
+    other Python thread has run since: one that had (its blocking I/O returning) could let go
+    of a tensor whose last reference a C++ thread then frees, making a thread state."""
+    read = read or read_holding_gil
     out = set()
     for name in os.listdir(task_dir):
         tid = int(name)
         if tid in known:
             continue
-        try:
-            with open(f"{task_dir}/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
+        stat = read(f"{task_dir}/{name}/stat")
+        if stat is None:
             continue  # ended meanwhile
         state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]  # after "tid (comm) "
         if state not in (b"S", b"T", b"t", b"I", b"Z", b"X", b""):
             out.add(tid)
     return out
+
+
+def read_holding_gil(path: str) -> bytes | None:
+    """The first 512 bytes of ``path``, read by libc through ``ctypes.PyDLL``, which keeps the
+    GIL (Python's own file reads let it go); None where it cannot be read."""
+    libc = _libc()
+    if libc is None:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read(512)
+        except OSError:
+            return None
+    fd = libc.open(path.encode(), os.O_RDONLY)
+    if fd < 0:
+        return None
+    try:
+        buf = ctypes.create_string_buffer(512)
+        n = libc.read(fd, buf, 512)
+        return buf.raw[:n] if n > 0 else None
+    finally:
+        libc.close(fd)
+
+
+@functools.cache
+def _libc() -> Any:
+    try:
+        libc = ctypes.PyDLL(None)  # this process's libc; PyDLL: calls keep the GIL
+        libc.open.argtypes, libc.open.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+        libc.read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+        libc.read.restype = ctypes.c_ssize_t
+        libc.close.argtypes, libc.close.restype = [ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
