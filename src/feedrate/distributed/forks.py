@@ -9,7 +9,7 @@ of (gloo's worker threads, after every collective, as they free the collective's
 NCCL's watchdog likewise). A DataLoader worker forked within those microseconds never starts,
 and the loader waits for its batches for ever. In a job where the ranks talk after every step
 (training's all-reduce, autotune's own calls just before a lane starts its workers), that was
-about one lane start in 500 on a busy machine; and 3 forks in 3,000 beside a loop of
+about one lane start in 500 on a busy machine; and 10 forks in 21,000 beside a loop of
 all-reduces (``benchmarks/fork_guard.py``).
 
 ``guard_forks`` makes each fork of this process, while ``torch.distributed`` is initialized,
