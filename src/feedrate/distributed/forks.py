@@ -5,8 +5,9 @@ hangs for good inside the fork itself, before any of its Python code runs, if at
 another thread held the interpreter's lock on its list of thread states. A thread holds it
 without the GIL only while it makes a Python thread state for itself: ``torch.distributed``'s
 C++ threads do that each time they release the last reference to a tensor that Python let go
-of (gloo's worker threads, after every collective, as they free the collective's tensors;
-NCCL's watchdog likewise). A DataLoader worker forked within those microseconds never starts,
+of (gloo's worker threads, after every collective, as they free the collective's tensors; seen
+with gdb; NCCL's threads free tensors too, not observed here without a GPU). A DataLoader worker
+forked within those microseconds never starts,
 and the loader waits for its batches for ever. In a job where the ranks talk after every step
 (training's all-reduce, autotune's own calls just before a lane starts its workers), that was
 about one lane start in 500 on a busy machine; and 10 forks in 21,000 beside a loop of
@@ -16,9 +17,11 @@ all-reduces (``benchmarks/fork_guard.py``).
 first wait until no thread that Python does not know (a C++ thread: holding that lock, it is
 running or waiting for a CPU, never asleep; nothing under the lock sleeps) is running, for
 ``FORK_WAIT_S`` at most. Threads Python runs are left out: they take that lock only while
-holding the GIL, which the forking thread holds. It makes the hang rarer, not impossible: a
-thread woken between the last look and the fork can still take the lock. Where the fix is in
-Python, or ``/proc`` cannot be read, nothing is installed.
+holding the GIL, which the forking thread holds, and the last look keeps the GIL until the fork
+(``read_holding_gil``). It makes the hang rarer, not impossible: a C++ thread woken by
+something other than Python (a packet for an asynchronous collective) between the last look
+and the fork can still take the lock. Where the fix is in Python, or ``/proc`` cannot be read,
+nothing is installed.
 """
 
 from __future__ import annotations
