@@ -135,10 +135,11 @@ def test_loader_surface_and_set_epoch() -> None:
     assert same([first], [[b for b in plain]])
 
 
-def test_settles_on_a_configuration_that_feeds_the_loop() -> None:
+def test_settles_on_a_configuration_that_feeds_the_loop(one_per_cpu: None) -> None:
     # 2 ms per sample, 8 a batch; a 50 ms step: 2 workers make 125 batches/s, far more than the
     # 20 the loop takes. The tuner starts at one worker per CPU and goes down while still fed.
-    # (On a busy machine the loop's own time queued for a CPU is no data stall: runqueue.)
+    # (On a busy machine the loop's own time queued for a CPU is no data stall: runqueue.) Its
+    # first batch, about 16 ms, is near the least a start from it reads (20 ms): pinned.
     loader = DataLoader(SleepDataset(400, sleep_s=0.002), batch_size=8)
     with feedrate.autotune(loader, cache=False) as auto:
         epochs(auto, 2, step_s=0.05)
