@@ -162,8 +162,8 @@ class AutoLoader(delegation.Surface):
         """At the first iteration of a distributed job (collective): the other ranks met."""
         if group.active():
             forks.guard_forks()  # lanes fork workers between the job's collectives
-        if self._coordinate is not False and group.active():
-            self._meet(Job.open())  # should it fail, the next iteration tries again
+            if self._coordinate is not False:
+                self._meet(Job.open())  # should it fail, the next iteration tries again
         self._joined = True
 
     def _meet(self, job: Job) -> None:

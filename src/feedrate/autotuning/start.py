@@ -111,9 +111,9 @@ def starting_point(
     # samples (a few seconds, once) or its library is known to split it.
     unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
     space = replace(space, busy_worker_cpu=share)
-    first = functools.cache(lambda: main_process_batch(loader))  # made once, if at all
+    first = functools.cache(functools.partial(first_batch, loader))  # made once, if at all
     config, started_from, stall = _start_config(loader, facts, space, keys, first)
-    config, started_from = within_shm(loader, facts, config, started_from, first)
+    config, started_from = within_shm(facts, config, started_from, first)
     if unsplit is not None:
         config, started_from = config_of(loader), f"your settings: {unsplit}"
     settled = unsplit is not None or started_from == FROM_CACHE
@@ -146,23 +146,22 @@ def tuner_for(start: Start, *, rate: float | None, budget_s: float, counted: boo
 
 
 def within_shm(
-    loader: DataLoader[Any],
     facts: MachineFacts,
     config: LoaderConfig,
     started_from: str,
-    first: Callable[[], MainBatch] | None = None,
+    first: Callable[[], MainBatch | None],
 ) -> tuple[LoaderConfig, str]:
     """``config``, or the nearest configuration whose batches in flight fit /dev/shm when
-    ``config``'s are predicted to overflow it (``shm_finding``, sized by one batch made in the
-    main process, so no worker starts first; not for a dataset that this would break,
-    ``libraries.unsafe_to_iterate_here``), with ``started_from`` saying why. ``first``: that
-    batch, where the caller made it already."""
+    ``config``'s are predicted to overflow it (``shm_finding``, sized by the ``first`` batch,
+    made in the main process, so no worker starts first; None where that would break the
+    dataset), with ``started_from`` saying why."""
     if config.num_workers == 0 or facts.shm_free_bytes is None:
         return config, started_from
-    if libraries.unsafe_to_iterate_here(loader.dataset) is not None:
-        return config, started_from  # a batch made here would break the workers after it
+    made = first()
+    if made is None:
+        return config, started_from
     machine = facts.to_dict()
-    batch = (first or functools.partial(main_process_batch, loader))().bytes
+    batch = made.bytes
     found = shm_finding(config, machine, batch)
     if found is None:
         return config, started_from
@@ -184,7 +183,7 @@ def _start_config(
     facts: MachineFacts,
     space: Space,
     keys: list[str],
-    first: Callable[[], MainBatch],
+    first: Callable[[], MainBatch | None],
 ) -> tuple[LoaderConfig, str, float | None]:
     """The cached settings under ``keys`` (autotune's own first; within max_workers and
     allow_threads), else yours when they use workers, else one worker per usable CPU with
@@ -207,7 +206,7 @@ def _start_config(
     why = f"{w} workers, one per usable CPU"
     waiting = stream_start(facts.cpus_usable, space.busy_worker_cpu, space.max_workers)
     if waiting is None and w > 0 and not is_iterable_style(loader):
-        share = first_share(loader, first)
+        share = waiting_share(first())
         seen = "the first batch, made in this process, was"
         waiting = stream_start(facts.cpus_usable, share, space.max_workers, seen=seen)
     if waiting is not None:
@@ -216,13 +215,18 @@ def _start_config(
     return online(start), why, None
 
 
-def first_share(loader: DataLoader[Any], first: Callable[[], MainBatch]) -> float | None:
-    """The share of its time the loader's first batch, made in this process, spent on a CPU,
-    where at most ``WAITING_SHARE``; None above it, or where a batch must not be made here
-    (``libraries.unsafe_to_iterate_here``)."""
+def first_batch(loader: DataLoader[Any]) -> MainBatch | None:
+    """The loader's first batch made in this process (``main_process_batch``), or None for a
+    dataset that this would break (``libraries.unsafe_to_iterate_here``: the workers after it)."""
     if libraries.unsafe_to_iterate_here(loader.dataset) is not None:
         return None
-    share = first().cpu_share
+    return main_process_batch(loader)
+
+
+def waiting_share(made: MainBatch | None) -> float | None:
+    """The share of its time the first batch spent on a CPU, where at most ``WAITING_SHARE``;
+    None above it, or where no batch was made or timed."""
+    share = None if made is None else made.cpu_share
     return share if share is not None and share <= WAITING_SHARE else None
 
 

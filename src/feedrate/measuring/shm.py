@@ -22,7 +22,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style, rebuild
 from feedrate.measuring.diagnosis import explain
 from feedrate.measuring.failures import IndexReportingDataset, Watchdog
-from feedrate.measuring.runqueue import ThreadQueued
+from feedrate.measuring.runqueue import Marks, busy
 
 #: A first batch made faster than this (s) says too little of where its time goes to be read
 #: (first calls, page faults); a loader that fast needs few workers whatever it waits on.
@@ -60,12 +60,10 @@ def main_process_batch(
     ):
         try:
             it = iter(run)
-            queued = ThreadQueued()
-            marks = time.perf_counter(), time.thread_time(), queued()
+            mark = Marks(time.perf_counter)
+            asked = mark()
             batch = next(it, None)
-            wall = time.perf_counter() - marks[0] - (queued() - marks[2])
-            cpu = time.thread_time() - marks[1]
-            queued.close()
+            got = mark()
         except Exception as exc:
             error = explain(exc, it)
             if error is None:
@@ -73,7 +71,8 @@ def main_process_batch(
             raise error from exc
     if batch is None:
         return MainBatch(None, None)
-    share = min(1.0, cpu / wall) if wall >= MIN_TIMED_S else None
+    wall = got[0] - asked[0] - (got[1] - asked[1])  # on the CPUs it got: not queued
+    share = min(1.0, busy(asked, got) / wall) if wall >= MIN_TIMED_S else None
     kept = batch if keep_batch else None
     return MainBatch(batch_nbytes(batch), count_tensors(batch), kept, share)
 
