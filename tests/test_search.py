@@ -489,6 +489,60 @@ def test_online_one_trial_busy_receiving_is_enough_to_try_no_workers() -> None:
     assert proposal is not None and proposal[0].num_workers == 0, proposal
 
 
+def handing_over(
+    workers: int, rate: float, workers_cpu: float, runq: float, batch_bytes: int
+) -> Trial:
+    """An online trial of ``workers`` for a loop of 1,145 samples/s, its workers ``workers_cpu``
+    busy and ``runq`` queued for a CPU, handing over batches of ``batch_bytes``."""
+    t = make_trial(online_cfg(workers), "x", Figures(rate, 0.26, workers_cpu / workers), 1145.0)
+    t.workers_runq, t.batch_bytes = runq, batch_bytes
+    return t
+
+
+@pytest.mark.parametrize(
+    ("case", "batch_size", "trial", "want"),
+    [
+        # The benchmarks' large tensors (autotune, 2026-12-05): 2 workers, CPU-bound, handed
+        # over 1.1 GB of 12 MiB batches per second of their CPU. No workers (799 samples/s)
+        # came only after 4 and 5 workers (477, 488) were tried.
+        ("large", 4, handing_over(2, 490.0, 1.36, 0.36, 12_582_912), 0),
+        # The images pipeline, decoding: 96 MB per CPU-second. More workers, as before.
+        ("images", 32, handing_over(2, 361.0, 0.74, 0.80, 6_291_712), 4),
+        # Workers mostly waiting on big downloads hand over much for little CPU: more workers.
+        ("downloads", 4, handing_over(2, 490.0, 0.10, 0.0, 12_582_912), 6),
+        # A batch sampler of its own: the bytes per second are not known, as before.
+        ("no batch size", None, handing_over(2, 490.0, 1.36, 0.36, 12_582_912), 4),
+    ],
+)
+def test_online_tries_no_workers_first_where_the_workers_are_busy_handing_batches_over(
+    case: str, batch_size: int | None, trial: Trial, want: int
+) -> None:
+    s = space(cpus=2, consumer=True, baseline=online_cfg(2), batch_size=batch_size)
+    proposal = propose_online(s, [trial])
+    assert proposal is not None and proposal[0].num_workers == want, (case, proposal)
+    if want == 0:
+        assert "hand-off" in proposal[1] and "1,08" in proposal[1], proposal[1]
+
+
+def test_online_large_batches_settle_without_workers_after_one_trial_with_them() -> None:
+    # Workers at any count deliver 490 samples/s, busy handing over 12 MiB batches; none
+    # deliver 799: after the start (2 workers), no workers, and nothing more.
+    def measured(cfg: LoaderConfig) -> Trial:
+        if cfg.num_workers == 0:
+            t = make_trial(cfg, "x", Figures(799.0, 1.27, 0.0), 1145.0)
+            t.batch_bytes = 12_582_912
+            return t
+        return handing_over(cfg.num_workers, 490.0, 1.36, 0.36, 12_582_912)
+
+    s = space(cpus=2, consumer=True, baseline=online_cfg(2), batch_size=4)
+    trials = [measured(online_cfg(2))]
+    while (proposal := propose_online(s, trials)) is not None and len(trials) < 10:
+        trials.append(measured(proposal[0]))
+    assert [t.config.num_workers for t in trials] == [2, 0]
+    best = choose(s, trials)
+    assert best is not None and best.config.num_workers == 0
+
+
 def test_online_does_not_try_no_workers_where_one_worker_makes_a_sliver_of_the_rate() -> None:
     # A re-tune forgets the counts that scaled: a remote pipeline measured again at 24 workers,
     # then 45 no faster, the loop still waiting 41%. Alone, the main process would do one

@@ -110,7 +110,7 @@ def starting_point(
     # worker: its worker count changes only when 2 workers were seen to yield different
     # samples (a few seconds, once) or its library is known to split it.
     unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
-    space = replace(space, busy_worker_cpu=share)
+    space = replace(space, busy_worker_cpu=share, batch_size=loader.batch_size)
     first = functools.cache(functools.partial(first_batch, loader))  # made once, if at all
     config, started_from, stall = _start_config(loader, facts, space, keys, first)
     config, started_from = within_shm(facts, config, started_from, first)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from feedrate.results.trial import Trial
-from feedrate.search.bottleneck import bottleneck
+from feedrate.search.bottleneck import bottleneck, ipc_bytes_per_s
 from feedrate.search.space import (
     BIG_BATCH,
     STALL_MARGIN,
@@ -79,13 +79,8 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     (after a re-tune, which forgets the counts that scaled, latency-bound trials of 24 and 45
     workers at 54 and 27 samples/s each against 1,300 in all)."""
     main = series(space, trials)
-    if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
-        return None
-    best = fastest(main)
+    best = _unfed(main)
     if best is None:
-        return None
-    each = max(t.median / (t.config.num_workers * t.config.threads) for t in main)
-    if ZERO_GAIN * each < best.median:
         return None
     kind = bottleneck(best, space.cpus)
     fewest = min(main, key=lambda t: t.config.num_workers)
@@ -97,6 +92,55 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     if small and not handoff and (kind == "cpu" or worse):
         return None  # the workers' work, moved into the loop, would stall it more than now
     return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
+
+
+def _unfed(main: list[Trial]) -> Trial | None:
+    """The fastest of ``main`` (a series of worker counts), where none of them feeds the loop,
+    none was without workers, and one worker made at least a ``ZERO_GAIN``-th of its rate
+    (alone, the main process does about one worker's work): the ground for trying none."""
+    if not main or any(covers(t) for t in main) or any(t.config.num_workers == 0 for t in main):
+        return None
+    best = fastest(main)
+    if best is None:
+        return None
+    each = max(t.median / (t.config.num_workers * t.config.threads) for t in main)
+    return None if ZERO_GAIN * each < best.median else best
+
+
+def copies(space: Space, trials: list[Trial]) -> Proposal | None:
+    """Online, before more workers: none at all, where the fastest trial's workers were
+    CPU-bound on handing batches over more than on making them. Each byte of a batch is
+    written into a fresh shared-memory segment (the kernel zeroes its pages first) and mapped
+    and freed by the main process, so workers that hand over ``COPY_BYTES_PER_CPU_S`` or more
+    per second of their CPU time spend a large part of it on the hand-off, which no workers
+    saves, and more workers only add to it (``large``, 12 MiB batches of cheap tensors: 2
+    workers handed over 1.1 GB per second of their CPU, 1.36 CPUs, and delivered 490 samples/s
+    to 4 and 5 workers' 477 and 488, against 799 with none; the images pipeline, decoding,
+    96 MB). A trigger for the trial, not a measure of the copy: the trial of no workers decides.
+    Where the loader's batch size is not known (a batch sampler of its own), not tried."""
+    main = series(space, trials)
+    best = _unfed(main)
+    if best is None or not space.batch_size or best.workers_cpu <= 0:
+        return None
+    if bottleneck(best, space.cpus) != "cpu":
+        return None  # workers that mostly wait (big downloads) hand over much for little CPU
+    moved = ipc_bytes_per_s(best, space.batch_size)
+    if moved is None or moved / best.workers_cpu < COPY_BYTES_PER_CPU_S:
+        return None
+    w = best.config.num_workers
+    per_cpu = moved / best.workers_cpu / 2**20
+    return with_workers(space.baseline, 0), (
+        f"{w} workers handed over {per_cpu:,.0f} MiB of batches per second of their CPU time: "
+        "the hand-off between processes may cost more than the work: no workers?"
+    )
+
+
+#: Online, workers handing this many bytes of batches to the main process per second of their
+#: CPU time are taken as busy with the hand-off (``copies``). ``large`` in
+#: ``benchmarks/autotune.py`` (2026-12-05): without workers the process used 6.4 ms of CPU a
+#: 12 MiB batch, its loop included; with 2 workers they and the main process used 13.2 ms. The
+#: hand-off, about 0.5 ns a byte, is then a quarter or more of the workers' CPU time.
+COPY_BYTES_PER_CPU_S = 512 * 2**20
 
 
 def receiving(t: Trial) -> bool:

@@ -69,6 +69,9 @@ class Space:
     #: The CPUs one worker uses while it makes items, where a stream's probe measured it (its
     #: trials are whole epochs: see ``online_steps.fewer``); None elsewhere.
     busy_worker_cpu: float | None = None
+    #: Samples per batch (the loader's ``batch_size``; None: a batch sampler of its own): with a
+    #: trial's rate and batch bytes, the bytes its workers hand over per second.
+    batch_size: int | None = None
 
 
 def noise(a: Trial, b: Trial) -> float:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from feedrate.results.trial import Trial
 from feedrate.search import scaling
 from feedrate.search.bottleneck import bottleneck
-from feedrate.search.online_steps import fewer, receiving, zero
+from feedrate.search.online_steps import copies, fewer, receiving, zero
 from feedrate.search.space import (
     AIM_MARGIN,
     BIG_BATCH,
@@ -348,4 +348,4 @@ def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
 CONSUMER_STEPS = (_anchor_none, _threads, _double, _bisect, threads_report)
 
 
-ONLINE_STEPS = (fewer, _threads, _double, _bisect, zero)
+ONLINE_STEPS = (fewer, copies, _threads, _double, _bisect, zero)
