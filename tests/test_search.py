@@ -543,6 +543,44 @@ def test_online_large_batches_settle_without_workers_after_one_trial_with_them()
     assert best is not None and best.config.num_workers == 0
 
 
+@pytest.mark.parametrize("batch_size", [4, None])
+def test_online_after_a_retune_one_worker_busy_handing_over_is_not_followed_by_more(
+    batch_size: int | None,
+) -> None:
+    # A re-tune of the large tensors, settled without workers (a noisy stretch raised their
+    # stall): one worker, CPU-bound handing over 12 MiB batches, trails none. More would only
+    # add hand-offs (1, 2, 4 and 8 were tried). Without the batch size, as before: more.
+    s = space(cpus=2, consumer=True, baseline=online_cfg(0), batch_size=batch_size)
+    none = make_trial(online_cfg(0), "x", Figures(799.0, 1.27, 0.0), 1145.0)
+    one = handing_over(1, 300.0, 0.95, 0.10, 12_582_912)
+    none.batch_bytes, one.wait_cpu = 12_582_912, 0.4
+    proposal = propose_online(s, [none, one])
+    if batch_size is None:
+        assert proposal is not None and proposal[0].num_workers == 2, proposal
+    else:
+        assert proposal is None, proposal
+
+
+def test_online_a_lower_stall_with_less_delivered_is_no_reason_for_more_workers() -> None:
+    # The benchmarks' large tensors (autotune, 2026-12-05), with no batch size to tell the
+    # hand-off by: 2 workers 490 samples/s at a 15% stall, 4 workers 477 at 11.7%. The stall
+    # fell because the loop's step grew (it frees the batches the workers handed over), not
+    # because more was delivered: 5 workers were tried next. Now no workers are.
+    s = space(cpus=2, consumer=True, baseline=online_cfg(2))
+    two, four = (
+        handing_over(2, 490.0, 1.36, 0.36, 12_582_912),
+        handing_over(4, 477.0, 1.35, 0.54, 12_582_912),
+    )
+    two.stall_fraction, four.stall_fraction = 0.150, 0.117
+    proposal = propose_online(s, [two, four])
+    assert proposal is not None and proposal[0].num_workers == 0, proposal
+    # With as much delivered as the stall cut says, more workers are still tried.
+    four = handing_over(4, 490.0 * 0.883 / 0.850, 1.35, 0.54, 12_582_912)
+    four.stall_fraction = 0.117
+    proposal = propose_online(s, [two, four])
+    assert proposal is not None and proposal[0].num_workers > 4, proposal
+
+
 def test_online_does_not_try_no_workers_where_one_worker_makes_a_sliver_of_the_rate() -> None:
     # A re-tune forgets the counts that scaled: a remote pipeline measured again at 24 workers,
     # then 45 no faster, the loop still waiting 41%. Alone, the main process would do one

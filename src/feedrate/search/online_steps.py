@@ -109,30 +109,36 @@ def _unfed(main: list[Trial]) -> Trial | None:
 
 def copies(space: Space, trials: list[Trial]) -> Proposal | None:
     """Online, before more workers: none at all, where the fastest trial's workers were
-    CPU-bound on handing batches over more than on making them. Each byte of a batch is
-    written into a fresh shared-memory segment (the kernel zeroes its pages first) and mapped
-    and freed by the main process, so workers that hand over ``COPY_BYTES_PER_CPU_S`` or more
-    per second of their CPU time spend a large part of it on the hand-off, which no workers
-    saves, and more workers only add to it (``large``, 12 MiB batches of cheap tensors: 2
-    workers handed over 1.1 GB per second of their CPU, 1.36 CPUs, and delivered 490 samples/s
-    to 4 and 5 workers' 477 and 488, against 799 with none; the images pipeline, decoding,
-    96 MB). A trigger for the trial, not a measure of the copy: the trial of no workers decides.
-    Where the loader's batch size is not known (a batch sampler of its own), not tried."""
-    main = series(space, trials)
-    best = _unfed(main)
-    if best is None or not space.batch_size or best.workers_cpu <= 0:
-        return None
-    if bottleneck(best, space.cpus) != "cpu":
-        return None  # workers that mostly wait (big downloads) hand over much for little CPU
-    moved = ipc_bytes_per_s(best, space.batch_size)
-    if moved is None or moved / best.workers_cpu < COPY_BYTES_PER_CPU_S:
+    CPU-bound on handing batches over more than on making them (``hands_over``), which no
+    workers saves and more workers only add to (``large``, 12 MiB batches of cheap tensors: 2
+    workers handed over 1.1 GB per second of their CPU, 1.36 CPUs, and delivered 490
+    samples/s, 4 and 5 workers 477 and 488, none 799). A reason for the trial, not a measure of
+    the copy: the trial of no workers decides."""
+    best = _unfed(series(space, trials))
+    moved = None if best is None else hands_over(space, best)
+    if best is None or moved is None:
         return None
     w = best.config.num_workers
-    per_cpu = moved / best.workers_cpu / 2**20
     return with_workers(space.baseline, 0), (
-        f"{w} workers handed over {per_cpu:,.0f} MiB of batches per second of their CPU time: "
-        "the hand-off between processes may cost more than the work: no workers?"
+        f"{w} workers handed over {moved / 2**20:,.0f} MiB of batches per second of their CPU "
+        "time: the hand-off between processes may cost more than the work: no workers?"
     )
+
+
+def hands_over(space: Space, t: Trial) -> float | None:
+    """The bytes of batches ``t``'s workers handed to the main process per second of their CPU
+    time, where they were CPU-bound and it was ``COPY_BYTES_PER_CPU_S`` or more: each byte is
+    written into a fresh shared-memory segment (the kernel zeroes its pages first), mapped and
+    freed by the main process, so such workers spend a large part of their time on the
+    hand-off (decoding images: 96 MB). None below it, for workers that mostly wait (big
+    downloads hand over much for little CPU), or where the loader's batch size is not known
+    (a batch sampler of its own)."""
+    if not space.batch_size or t.workers_cpu <= 0 or bottleneck(t, space.cpus) != "cpu":
+        return None
+    moved = ipc_bytes_per_s(t, space.batch_size)
+    if moved is None or moved / t.workers_cpu < COPY_BYTES_PER_CPU_S:
+        return None
+    return moved / t.workers_cpu
 
 
 #: Online, workers handing this many bytes of batches to the main process per second of their
