@@ -543,6 +543,27 @@ def test_online_large_batches_settle_without_workers_after_one_trial_with_them()
     assert best is not None and best.config.num_workers == 0
 
 
+def test_online_no_more_cpu_bound_workers_past_one_per_cpu_once_none_was_faster() -> None:
+    # The large tensors (benchmarks/first_epoch.py, 2026-12-05): 2 workers, then 4 (more
+    # delivered), then none, faster than both; 8 were tried next. Past a worker per CPU,
+    # CPU-bound workers slower than none only queue. Below one per CPU (2 of 8 CPUs) more may
+    # still scale past none.
+    def trials_on(cpus: int) -> tuple[Space, list[Trial]]:
+        s = space(cpus=cpus, consumer=True, baseline=online_cfg(2))
+        two = handing_over(2, 440.0, 1.36, 0.40, 4096)
+        four = handing_over(4, 500.0, 1.40, 0.60 * 4, 4096)
+        two.stall_fraction, four.stall_fraction = 0.30, 0.25
+        none = make_trial(online_cfg(0), "x", Figures(799.0, 1.27, 0.0), 1145.0)
+        return s, [two, four, none]
+
+    s, trials = trials_on(2)
+    assert bottleneck(trials[1], 2) == "cpu"
+    assert propose_online(s, trials) is None
+    s, trials = trials_on(8)
+    proposal = propose_online(s, trials)
+    assert proposal is not None and proposal[0].num_workers == 8, proposal
+
+
 @pytest.mark.parametrize("batch_size", [4, None])
 def test_online_after_a_retune_one_worker_busy_handing_over_is_not_followed_by_more(
     batch_size: int | None,

@@ -127,13 +127,13 @@ def copies(space: Space, trials: list[Trial]) -> Proposal | None:
 
 def hands_over(space: Space, t: Trial) -> float | None:
     """The bytes of batches ``t``'s workers handed to the main process per second of their CPU
-    time, where they were CPU-bound and it was ``COPY_BYTES_PER_CPU_S`` or more: each byte is
-    written into a fresh shared-memory segment (the kernel zeroes its pages first), mapped and
-    freed by the main process, so such workers spend a large part of their time on the
+    time, where they were not mostly waiting and it was ``COPY_BYTES_PER_CPU_S`` or more. Each
+    byte is written into a fresh shared-memory segment (the kernel zeroes its pages first),
+    mapped and freed by the main process: such workers spend a large part of their time on the
     hand-off (decoding images: 96 MB). None below it, for workers that mostly wait (big
     downloads hand over much for little CPU), or where the loader's batch size is not known
     (a batch sampler of its own)."""
-    if not space.batch_size or t.workers_cpu <= 0 or bottleneck(t, space.cpus) != "cpu":
+    if not space.batch_size or t.workers_cpu <= 0 or bottleneck(t, space.cpus) == "latency":
         return None
     moved = ipc_bytes_per_s(t, space.batch_size)
     if moved is None or moved / t.workers_cpu < COPY_BYTES_PER_CPU_S:

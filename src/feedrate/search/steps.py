@@ -287,6 +287,9 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     kind = bottleneck(top, space.cpus) if w else "no-workers"
     if kind == "cpu" and 2 * w > POOL_CPUS * space.cpus:
         return None  # CPU-bound past the deepest pool worth trying (``_pool``): more only queue
+    none = next((t for t in main if t.config.num_workers == 0), None)
+    if kind == "cpu" and w >= space.cpus and none is not None and beats(none, top):
+        return None  # CPU-bound at a worker per CPU or more, and slower than none: more queue
     nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"
     if kind == "latency":
         nxt = min(_aim(space, top), space.max_workers)
