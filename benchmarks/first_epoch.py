@@ -91,7 +91,7 @@ def main() -> None:
         print(json.dumps(arm(args.pipeline, args.static_workers)), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        arms = {"HEAD": HERE.parent / "src"}
+        arms = {git("rev-parse", "--short", "HEAD") or "HEAD": HERE.parent / "src"}
         if args.against:
             arms = {args.against: worktree(args.against, Path(tmp) / "before"), **arms}
         try:
