@@ -29,6 +29,8 @@ from typing import Any
 
 from common import git, machine_line, provenance
 
+from feedrate.measuring import interrupts
+
 SCHEMA = "feedrate.bench.first_epoch/1"
 HERE = Path(__file__).resolve().parent
 
@@ -70,12 +72,24 @@ def arm(name: str, workers: int) -> dict[str, Any]:
         "trials": [t.config.num_workers for t in report.trials],
         "settled_on": report.config.label(),
         "retunes": report.retunes,
+        "feedrate": str(Path(feedrate.__file__).parent),
     }
 
 
 def worktree(rev: str, into: Path) -> Path:
-    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(into), rev], check=True)
+    """A checkout of ``rev`` of this repository at ``into``; its ``src``."""
+    repo = str(HERE.parent)
+    subprocess.run(
+        ["git", "-C", repo, "worktree", "add", "-q", "--detach", str(into), rev], check=True
+    )
     return into / "src"
+
+
+def head_label() -> str:
+    """This checkout's commit (short), marked where src/ has changes not committed."""
+    repo = str(HERE.parent)
+    sha = git("-C", repo, "rev-parse", "--short", "HEAD") or "HEAD"
+    return sha + (" + changes" if git("-C", repo, "status", "--porcelain", "src") else "")
 
 
 def main() -> None:
@@ -91,35 +105,52 @@ def main() -> None:
         print(json.dumps(arm(args.pipeline, args.static_workers)), flush=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        arms = {git("rev-parse", "--short", "HEAD") or "HEAD": HERE.parent / "src"}
+        head = head_label()
+        arms = {head: HERE.parent / "src"}
         if args.against:
-            arms = {args.against: worktree(args.against, Path(tmp) / "before"), **arms}
+            label = f"{args.against} (before)" if args.against in head else args.against
+            arms = {label: worktree(args.against, Path(tmp) / "before"), **arms}
+        runs: list[dict[str, Any]] = []
         try:
-            runs = repetitions(args, arms)
+            with interrupts.stoppable(sigterm=True):  # SIGTERM as Ctrl-C: the worktree goes
+                repetitions(args, arms, runs)
+        except KeyboardInterrupt:
+            print("interrupted: the report covers the repetitions done", flush=True)
         finally:
             if args.against:
-                subprocess.run(["git", "worktree", "remove", "--force", str(Path(tmp) / "before")])
-    report(args, runs)
+                where = str(Path(tmp) / "before")
+                subprocess.run(
+                    ["git", "-C", str(HERE.parent), "worktree", "remove", "--force", where]
+                )
+    if runs:
+        report(args, runs)
 
 
-def repetitions(args: argparse.Namespace, arms: dict[str, Path]) -> list[dict[str, Any]]:
-    runs = []
+def repetitions(
+    args: argparse.Namespace, arms: dict[str, Path], runs: list[dict[str, Any]]
+) -> None:
+    """The repetitions, alternating the arms' order, appended to ``runs`` as they end; one that
+    fails is reported (its error output) and left out."""
     for r in range(args.reps):
         for label, src in arms.items() if r % 2 == 0 else reversed(arms.items()):
             cmd = [sys.executable, __file__, "--arm", "--pipeline", args.pipeline]
             cmd += ["--static-workers", str(args.static_workers)]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
-            done = subprocess.run(
-                cmd, capture_output=True, text=True, check=True, timeout=600, env=env
-            )
+            try:
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, check=True, timeout=600, env=env
+                )
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                print(f"rep {r} {label}: failed\n{exc.stderr or exc}", flush=True)
+                continue
             run = json.loads(done.stdout.strip().splitlines()[-1]) | {"arm": label, "rep": r}
             runs.append(run)
             print(
                 f"rep {r} {label:>8}: static {run['static_s']:.2f} s, autotune "
-                f"{run['autotune_s']:.2f} s ({run['ratio']:.3f}), trials {run['trials']}",
+                f"{run['autotune_s']:.2f} s ({run['ratio']:.3f}), trials {run['trials']}, "
+                f"feedrate from {run['feedrate']}",
                 flush=True,
             )
-    return runs
 
 
 def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
@@ -134,7 +165,7 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
         "command": " ".join(["python", "benchmarks/first_epoch.py", *sys.argv[1:]]),
         "machine": machine,
         **provenance(),
-        "against": args.against and git("rev-parse", args.against),
+        "against": args.against and git("-C", str(HERE.parent), "rev-parse", args.against),
         "pipeline": args.pipeline,
         "static_workers": args.static_workers,
         "runs": runs,

@@ -490,12 +490,20 @@ def test_online_one_trial_busy_receiving_is_enough_to_try_no_workers() -> None:
 
 
 def handing_over(
-    workers: int, rate: float, workers_cpu: float, runq: float, batch_bytes: int
+    workers: int,
+    rate: float,
+    workers_cpu: float,
+    runq: float,
+    batch_bytes: int,
+    main_cpu: float = 0.26,
+    online: bool = True,
 ) -> Trial:
-    """An online trial of ``workers`` for a loop of 1,145 samples/s, its workers ``workers_cpu``
-    busy and ``runq`` queued for a CPU, handing over batches of ``batch_bytes``."""
-    t = make_trial(online_cfg(workers), "x", Figures(rate, 0.26, workers_cpu / workers), 1145.0)
+    """A trial of ``workers`` for a loop of 1,145 samples/s, its workers ``workers_cpu`` busy
+    and ``runq`` queued for a CPU, handing over batches of ``batch_bytes``; ``online``: as
+    autotune measures it (the loop's wait read), else as tune does."""
+    t = make_trial(online_cfg(workers), "x", Figures(rate, main_cpu, workers_cpu / workers), 1145.0)
     t.workers_runq, t.batch_bytes = runq, batch_bytes
+    t.wait_cpu = 0.4 if online else None
     return t
 
 
@@ -508,8 +516,10 @@ def handing_over(
         ("large", 4, handing_over(2, 490.0, 1.36, 0.36, 12_582_912), 0),
         # The images pipeline, decoding: 96 MB per CPU-second. More workers, as before.
         ("images", 32, handing_over(2, 361.0, 0.74, 0.80, 6_291_712), 4),
-        # Workers mostly waiting on big downloads hand over much for little CPU: more workers.
+        # Workers mostly waiting on big downloads hand over much for little CPU: more workers,
+        # also where the loop's own thread keeps the main process busy.
         ("downloads", 4, handing_over(2, 490.0, 0.10, 0.0, 12_582_912), 6),
+        ("downloads, busy loop", 4, handing_over(2, 490.0, 0.10, 0.0, 12_582_912, 0.9), 4),
         # A batch sampler of its own: the bytes per second are not known, as before.
         ("no batch size", None, handing_over(2, 490.0, 1.36, 0.36, 12_582_912), 4),
     ],
@@ -522,6 +532,13 @@ def test_online_tries_no_workers_first_where_the_workers_are_busy_handing_batche
     assert proposal is not None and proposal[0].num_workers == want, (case, proposal)
     if want == 0:
         assert "hand-off" in proposal[1] and "1,08" in proposal[1], proposal[1]
+
+
+def test_online_a_stream_busy_handing_over_tries_more_workers_before_none() -> None:
+    # A stream's trial is a whole epoch: none is tried only once more workers stopped helping.
+    s = space(cpus=2, consumer=True, baseline=online_cfg(2), batch_size=4, busy_worker_cpu=0.7)
+    proposal = propose_online(s, [handing_over(2, 490.0, 1.36, 0.36, 12_582_912)])
+    assert proposal is not None and proposal[0].num_workers == 4, proposal
 
 
 def test_online_large_batches_settle_without_workers_after_one_trial_with_them() -> None:
@@ -543,25 +560,41 @@ def test_online_large_batches_settle_without_workers_after_one_trial_with_them()
     assert best is not None and best.config.num_workers == 0
 
 
-def test_online_no_more_cpu_bound_workers_past_one_per_cpu_once_none_was_faster() -> None:
+@pytest.mark.parametrize("online", [True, False])
+def test_online_no_more_cpu_bound_workers_past_one_per_cpu_once_none_was_faster(
+    online: bool,
+) -> None:
     # The large tensors (benchmarks/first_epoch.py, 2026-12-05): 2 workers, then 4 (more
     # delivered), then none, faster than both; 8 were tried next. Past a worker per CPU,
-    # CPU-bound workers slower than none only queue. Below one per CPU (2 of 8 CPUs) more may
-    # still scale past none.
+    # CPU-bound workers slower than none only queue. With 4 workers on 8 CPUs more may still
+    # scale past none; and tune's search (offline) is as before.
     def trials_on(cpus: int) -> tuple[Space, list[Trial]]:
         s = space(cpus=cpus, consumer=True, baseline=online_cfg(2))
-        two = handing_over(2, 440.0, 1.36, 0.40, 4096)
-        four = handing_over(4, 500.0, 1.40, 0.60 * 4, 4096)
+        two = handing_over(2, 440.0, 1.36, 0.40, 4096, online=online)
+        four = handing_over(4, 500.0, 1.40, 0.60 * 4, 4096, online=online)
         two.stall_fraction, four.stall_fraction = 0.30, 0.25
         none = make_trial(online_cfg(0), "x", Figures(799.0, 1.27, 0.0), 1145.0)
         return s, [two, four, none]
 
     s, trials = trials_on(2)
     assert bottleneck(trials[1], 2) == "cpu"
-    assert propose_online(s, trials) is None
+    proposal = propose_online(s, trials)
+    assert (proposal is None) is online, proposal
     s, trials = trials_on(8)
     proposal = propose_online(s, trials)
     assert proposal is not None and proposal[0].num_workers == 8, proposal
+
+
+def test_online_after_a_retune_cpu_bound_workers_slower_than_none_get_no_deeper_pool() -> None:
+    # A re-tune from none (small CPU-bound batches, 2 CPUs): 1 and 2 workers both well behind
+    # it, 2 no slower than 1. A deeper pool (4) was proposed past them.
+    s = space(cpus=2, consumer=True, baseline=online_cfg(0))
+    none = make_trial(online_cfg(0), "x", Figures(900.0, 1.0, 0.0), 1145.0)
+    one = handing_over(1, 500.0, 0.95, 0.10, 4096)
+    two = handing_over(2, 510.0, 1.60, 0.40, 4096)
+    assert bottleneck(two, 2) == "cpu"
+    proposal = propose_online(s, [none, one, two])
+    assert proposal is None, proposal
 
 
 @pytest.mark.parametrize("batch_size", [4, None])
@@ -582,21 +615,25 @@ def test_online_after_a_retune_one_worker_busy_handing_over_is_not_followed_by_m
         assert proposal is None, proposal
 
 
-def test_online_a_lower_stall_with_less_delivered_is_no_reason_for_more_workers() -> None:
+@pytest.mark.parametrize("online", [True, False])
+def test_online_a_lower_stall_with_less_delivered_is_no_reason_for_more_workers(
+    online: bool,
+) -> None:
     # The benchmarks' large tensors (autotune, 2026-12-05), with no batch size to tell the
     # hand-off by: 2 workers 490 samples/s at a 15% stall, 4 workers 477 at 11.7%. The stall
     # fell because the loop's step grew (it frees the batches the workers handed over), not
-    # because more was delivered: 5 workers were tried next. Now no workers are.
+    # because more was delivered: 5 workers were tried next. Now no workers are. tune's
+    # search (offline), whose trials cost no training time, is as before.
     s = space(cpus=2, consumer=True, baseline=online_cfg(2))
     two, four = (
-        handing_over(2, 490.0, 1.36, 0.36, 12_582_912),
-        handing_over(4, 477.0, 1.35, 0.54, 12_582_912),
+        handing_over(2, 490.0, 1.36, 0.36, 12_582_912, online=online),
+        handing_over(4, 477.0, 1.35, 0.54, 12_582_912, online=online),
     )
     two.stall_fraction, four.stall_fraction = 0.150, 0.117
     proposal = propose_online(s, [two, four])
-    assert proposal is not None and proposal[0].num_workers == 0, proposal
+    assert proposal is not None and (proposal[0].num_workers == 0) is online, proposal
     # With as much delivered as the stall cut says, more workers are still tried.
-    four = handing_over(4, 490.0 * 0.883 / 0.850, 1.35, 0.54, 12_582_912)
+    four = handing_over(4, 490.0 * 0.883 / 0.850, 1.35, 0.54, 12_582_912, online=online)
     four.stall_fraction = 0.117
     proposal = propose_online(s, [two, four])
     assert proposal is not None and proposal[0].num_workers > 4, proposal

@@ -108,12 +108,15 @@ def _unfed(main: list[Trial]) -> Trial | None:
 
 
 def copies(space: Space, trials: list[Trial]) -> Proposal | None:
-    """Online, before more workers: none at all, where the fastest trial's workers were
-    CPU-bound on handing batches over more than on making them (``hands_over``), which no
-    workers saves and more workers only add to (``large``, 12 MiB batches of cheap tensors: 2
-    workers handed over 1.1 GB per second of their CPU, 1.36 CPUs, and delivered 490
-    samples/s, 4 and 5 workers 477 and 488, none 799). A reason for the trial, not a measure of
-    the copy: the trial of no workers decides."""
+    """Online, before more workers: none at all, where the fastest trial's workers spent a
+    large part of their CPU time handing batches over (``hands_over``), which no workers saves
+    and more workers only add to (``large``, 12 MiB batches of cheap tensors: 2 workers handed
+    over 1.1 GB per second of their CPU, 1.36 CPUs, and delivered 490 samples/s, 4 and 5
+    workers 477 and 488, none 799). A reason for the trial, not a measure of the copy: the
+    trial of no workers decides. Not for a stream (``Space.busy_worker_cpu`` measured), whose
+    trial is a whole epoch: there ``zero`` waits until more workers stopped helping."""
+    if space.busy_worker_cpu is not None:
+        return None
     best = _unfed(series(space, trials))
     moved = None if best is None else hands_over(space, best)
     if best is None or moved is None:
@@ -127,13 +130,14 @@ def copies(space: Space, trials: list[Trial]) -> Proposal | None:
 
 def hands_over(space: Space, t: Trial) -> float | None:
     """The bytes of batches ``t``'s workers handed to the main process per second of their CPU
-    time, where they were not mostly waiting and it was ``COPY_BYTES_PER_CPU_S`` or more. Each
-    byte is written into a fresh shared-memory segment (the kernel zeroes its pages first),
-    mapped and freed by the main process: such workers spend a large part of their time on the
-    hand-off (decoding images: 96 MB). None below it, for workers that mostly wait (big
-    downloads hand over much for little CPU), or where the loader's batch size is not known
-    (a batch sampler of its own)."""
-    if not space.batch_size or t.workers_cpu <= 0 or bottleneck(t, space.cpus) == "latency":
+    time, where it was ``COPY_BYTES_PER_CPU_S`` or more and they were not mostly waiting (each
+    wanting a CPU at least half the time: ``Trial.worker_demand_mean``). Each byte is written
+    into a fresh shared-memory segment (the kernel zeroes its pages first), mapped and freed by
+    the main process: such workers spend a large part of their time on the hand-off (decoding
+    images: 96 MB). None below it, for workers that mostly wait (big downloads hand over much
+    for little CPU, whatever the main process's own thread does), or where the loader's batch
+    size is not known (a batch sampler of its own)."""
+    if not space.batch_size or t.workers_cpu <= 0 or t.worker_demand_mean < 0.5:
         return None
     moved = ipc_bytes_per_s(t, space.batch_size)
     if moved is None or moved / t.workers_cpu < COPY_BYTES_PER_CPU_S:

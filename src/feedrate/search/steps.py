@@ -275,21 +275,21 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
     # the rate of none, then 2, 4 and 7 all behind it), or the worker busy handing it over
     # (large tensors after a re-tune: 1, 2, 4 and 8 tried). Offline there is no such reading.
     online = top.wait_cpu is not None
+    kind = bottleneck(top, space.cpus) if w else "no-workers"
+    none = next((t for t in main if t.config.num_workers == 0), None)
+    if online and kind == "cpu" and w >= space.cpus and none is not None and beats(none, top):
+        return None  # CPU-bound at a worker per CPU or more and slower than none: more queue
     if lower and (w > 1 or (online and (receiving(top) or hands_over(space, top) is not None))):
         prev = max(lower, key=lambda t: t.config.num_workers)
         if beats(prev, top) or (slows_the_loop(top, prev) and not beats(top, prev)):
             return None  # they compete for the CPUs (with the loop too): more would compete more
         cut = (prev.stall_fraction or 0.0) - (top.stall_fraction or 0.0)
-        if top.median < prev.median:  # a real cut delivers more: this is the loop's step grown
+        if online and top.median < prev.median:  # a real cut delivers more: the loop's step grew
             cut = 0.0  # (large batches, 2 to 4 workers: 15% to 12% stall, 490 to 477 samples/s)
         if cut < STALL_GAIN and not beats(top, prev):  # neither less stall nor more delivered:
             return _pool(space, top, prev)  # more cannot feed it, unless a deeper pool may
-    kind = bottleneck(top, space.cpus) if w else "no-workers"
     if kind == "cpu" and 2 * w > POOL_CPUS * space.cpus:
         return None  # CPU-bound past the deepest pool worth trying (``_pool``): more only queue
-    none = next((t for t in main if t.config.num_workers == 0), None)
-    if kind == "cpu" and w >= space.cpus and none is not None and beats(none, top):
-        return None  # CPU-bound at a worker per CPU or more, and slower than none: more queue
     nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"
     if kind == "latency":
         nxt = min(_aim(space, top), space.max_workers)
