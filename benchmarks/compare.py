@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -116,7 +117,8 @@ def run_peer(peer: str, pipeline: str) -> dict[str, Any]:
             "--quiet",
         ]
         began = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        env = {**os.environ, "FEEDRATE_PEER_CPUS": str(collect().cpus_usable)}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         wall = time.perf_counter() - began
         try:
             result: dict[str, Any] = json.loads(out.read_text())

@@ -57,8 +57,9 @@ LOG_TAIL_CHARS = 3000
 
 
 def _install_feedrate_shim() -> None:
-    """Put a minimal ``feedrate.loader.target`` in ``sys.modules``: enough for
-    ``benchmarks/pipelines.py``, which only loads ``examples/NAME.py:loader`` with it.
+    """Put a minimal ``feedrate.loader.target`` (and ``feedrate.machine_facts``, which the
+    images example calls) in ``sys.modules``: enough for ``benchmarks/pipelines.py``, which
+    only loads ``examples/NAME.py:loader`` with it.
 
     Like feedrate's own, it imports the file under its stem with its folder first on
     ``sys.path``, so DataLoader workers can unpickle the classes it defines."""
@@ -83,8 +84,17 @@ def _install_feedrate_shim() -> None:
             value = value()
         return value
 
+    def machine_facts() -> Any:
+        # The images example sizes itself by feedrate's count of usable CPUs: the count
+        # compare.py measured with feedrate (FEEDRATE_PEER_CPUS), else this process's affinity.
+        cpus = os.environ.get("FEEDRATE_PEER_CPUS")
+        return types.SimpleNamespace(
+            cpus_usable=int(cpus) if cpus else len(os.sched_getaffinity(0))
+        )
+
     package = types.ModuleType("feedrate")
     package.__path__ = []  # packages, so "feedrate.loader.target" resolves to the module below
+    package.machine_facts = machine_facts  # type: ignore[attr-defined]
     loader = types.ModuleType("feedrate.loader")
     loader.__path__ = []
     target = types.ModuleType("feedrate.loader.target")
