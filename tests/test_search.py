@@ -14,7 +14,7 @@ from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.online_steps import receiving
-from feedrate.search.propose import choose, propose, propose_online
+from feedrate.search.propose import choose, propose, propose_online, unresolved
 from feedrate.search.scaling import (
     STREAM_START_OVER_CPUS,
     STREAM_START_PER_CPU,
@@ -126,11 +126,32 @@ def test_tiny_samples_optimum_at_zero_workers() -> None:
     assert len(trials) <= 6
 
 
+def test_cpu_bound_ladder_past_the_cpus_goes_on_while_within_the_noise() -> None:
+    # Skewed per-sample cost on 2 CPUs (feedrate tune, 2026-12-05): 2 and 3 workers within 1%
+    # of each other, 3 behind by its median; 4 and 6 were each 5-10% above both when measured
+    # side by side (compare.py's quick grid: 8 workers best, 3 at 0.87 of it), never tried.
+    def skewed(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        rate = {0: 1560.0, 1: 1400.0, 2: 2560.0, 3: 2490.0, 4: 2690.0}.get(w, 2830.0)
+        return Figures(rate, 0.1, 0.95, noise=0.25)
+
+    s = space(cpus=2, baseline=LoaderConfig(0))
+    best, trials = run(s, skewed)
+    tried = [t.config.num_workers for t in trials]
+    assert 4 in tried and 6 in tried, tried
+    # The answer within the noise (2) is over 3% behind the fastest: both are measured again
+    # before it stands (``unresolved``; tune then takes a lead above 3% as real).
+    again = unresolved(s, trials)
+    assert again is not None and best.config.num_workers == 2, (again, tried)
+
+
 @pytest.mark.parametrize("cpus", [2, 4, 8])
 def test_cpu_bound_optimum_near_cpu_count(cpus: int) -> None:
     best, trials = run(space(cpus=cpus), cpu_bound(cpus))
     assert cpus - 1 <= best.config.num_workers <= cpus + 1
-    assert max(t.config.num_workers for t in trials) <= cpus + 1  # did not wander far past
+    # Did not wander far past: one rung of the ladder past cpus + 1 at most, where that one
+    # was within the noise (3% slower) of the best.
+    assert max(t.config.num_workers for t in trials) <= 2 * cpus
 
 
 def test_latency_bound_optimum_far_past_cpu_count() -> None:
