@@ -32,6 +32,11 @@ MiB = 2**20
 IPC_BYTES_PER_S = 128 * MiB
 
 
+#: Workers that want a CPU (running or queued for one) less than this share of the time,
+#: each, mostly wait: on I/O, or on the main process to take what they made.
+WAITING_DEMAND = 0.5
+
+
 #: The main process counts as busy from this share of a core (IPC-bound needs it busy).
 MAIN_BUSY = 0.6
 
@@ -61,7 +66,7 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
     own = t.main_cpu + t.workers_cpu
     if own >= 0.85 * cpus or t.worker_demand_mean >= 0.8 or competing(t, cpus):
         return "cpu"  # the workers use, or queue for, a core all the time
-    if t.worker_demand_mean < 0.5:
+    if t.worker_demand_mean < WAITING_DEMAND:
         return "latency"  # workers mostly asleep: waiting on I/O, not on a CPU
     if (t.system_busy_cpus or 0.0) >= 0.85 * cpus:
         return "cpu"  # computing workers on CPUs that others fill: more workers only compete

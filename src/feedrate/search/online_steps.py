@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from feedrate.results.trial import Trial
-from feedrate.search.bottleneck import bottleneck, ipc_bytes_per_s
+from feedrate.search.bottleneck import WAITING_DEMAND, bottleneck, ipc_bytes_per_s
 from feedrate.search.space import (
     BIG_BATCH,
     STALL_MARGIN,
@@ -131,18 +131,17 @@ def copies(space: Space, trials: list[Trial]) -> Proposal | None:
 def hands_over(space: Space, t: Trial) -> float | None:
     """The bytes of batches ``t``'s workers handed to the main process per second of their CPU
     time, where it was ``COPY_BYTES_PER_CPU_S`` or more and they were not mostly waiting (each
-    wanting a CPU at least half the time: ``Trial.worker_demand_mean``). Each byte is written
-    into a fresh shared-memory segment (the kernel zeroes its pages first), mapped and freed by
+    wanting a CPU at least ``WAITING_DEMAND`` of the time). Each byte is written into
+    a fresh shared-memory segment (the kernel zeroes its pages first), mapped and freed by
     the main process: such workers spend a large part of their time on the hand-off (decoding
     images: 96 MB). None below it, for workers that mostly wait (big downloads hand over much
     for little CPU, whatever the main process's own thread does), or where the loader's batch
     size is not known (a batch sampler of its own)."""
-    if not space.batch_size or t.workers_cpu <= 0 or t.worker_demand_mean < 0.5:
+    if not space.batch_size or t.workers_cpu <= 0 or t.worker_demand_mean < WAITING_DEMAND:
         return None
     moved = ipc_bytes_per_s(t, space.batch_size)
-    if moved is None or moved / t.workers_cpu < COPY_BYTES_PER_CPU_S:
-        return None
-    return moved / t.workers_cpu
+    per_cpu = None if moved is None else moved / t.workers_cpu
+    return per_cpu if per_cpu is not None and per_cpu >= COPY_BYTES_PER_CPU_S else None
 
 
 #: Online, workers handing this many bytes of batches to the main process per second of their

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from feedrate.results.trial import Trial
 from feedrate.search import scaling
-from feedrate.search.bottleneck import bottleneck
+from feedrate.search.bottleneck import WAITING_DEMAND, bottleneck
 from feedrate.search.online_steps import copies, fewer, hands_over, receiving, zero
 from feedrate.search.space import (
     AIM_MARGIN,
@@ -65,7 +65,7 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     if top is None or top.config.num_workers == 0:
         return None
     kind = bottleneck(top, space.cpus)
-    if kind == "cpu" and top.worker_demand_mean < 0.5:
+    if kind == "cpu" and top.worker_demand_mean < WAITING_DEMAND:
         # Each worker mostly waits; their number fills the CPUs. More may still overlap more
         # waits (the CPU time per sample does not grow with the count): step up as for waiting
         # workers, and the noise check ends the climb where the gain ends.
