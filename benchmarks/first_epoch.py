@@ -16,9 +16,11 @@ Writes ``first-epoch-PIPELINE.{json,md}`` under ``--out`` (default ``benchmarks/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -137,13 +139,11 @@ def repetitions(
             cmd += ["--static-workers", str(args.static_workers)]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
             try:
-                done = subprocess.run(
-                    cmd, capture_output=True, text=True, check=True, timeout=600, env=env
-                )
+                stdout = run_arm(cmd, env)
             except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
                 print(f"rep {r} {label}: failed\n{exc.stderr or exc}", flush=True)
                 continue
-            run = json.loads(done.stdout.strip().splitlines()[-1]) | {"arm": label, "rep": r}
+            run = json.loads(stdout.strip().splitlines()[-1]) | {"arm": label, "rep": r}
             runs.append(run)
             print(
                 f"rep {r} {label:>8}: static {run['static_s']:.2f} s, autotune "
@@ -151,6 +151,29 @@ def repetitions(
                 f"feedrate from {run['feedrate']}",
                 flush=True,
             )
+
+
+def run_arm(cmd: list[str], env: dict[str, str], timeout_s: float = 600.0) -> str:
+    """One repetition's stdout. It runs in a process group of its own: past ``timeout_s``, or
+    on Ctrl-C here, the whole group is killed, its DataLoader workers with it."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, stdout, stderr)
+    return stdout
 
 
 def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:

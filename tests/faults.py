@@ -6,11 +6,13 @@ fault it provokes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,43 @@ def slow_start_loader(workers: int = 2, n: int = 512) -> DataLoader[torch.Tensor
     return DataLoader(
         Squares(n), batch_size=16, num_workers=workers, worker_init_fn=open_storage_client
     )
+
+
+# Forks whose child hangs before any of its code runs (the next ``count`` forks of this
+# process): what a fork beside a thread holding the interpreter's lock gives (CPython
+# gh-112275), made certain. The hooks stay registered, inert once the count is spent.
+_hang = {"left": 0, "this": 0}
+_hooks_registered: list[bool] = []
+
+
+def _hang_before_fork() -> None:
+    _hang["this"] = int(_hang["left"] > 0)
+    _hang["left"] = max(0, _hang["left"] - 1)
+
+
+def _hang_in_child() -> None:
+    if _hang["this"]:
+        while True:
+            time.sleep(60)
+
+
+def _hang_after_in_parent() -> None:
+    _hang["this"] = 0
+
+
+@contextlib.contextmanager
+def forks_that_hang(count: int) -> Iterator[Callable[[], int]]:
+    """The next ``count`` forks in the block give children that never start; yields how many
+    of them are still to come."""
+    if not _hooks_registered:
+        os.register_at_fork(
+            before=_hang_before_fork,
+            after_in_child=_hang_in_child,
+            after_in_parent=_hang_after_in_parent,
+        )
+        _hooks_registered.append(True)
+    _hang["left"] = count
+    try:
+        yield lambda: _hang["left"]
+    finally:
+        _hang["left"] = 0

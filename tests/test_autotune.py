@@ -3,6 +3,7 @@ for the loop that iterates it, the cache, re-tuning, and no worker left behind."
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import signal
 import threading
@@ -20,6 +21,7 @@ from feedrate.autotuning import lanes, start
 from feedrate.autotuning.lanes import Lane
 from feedrate.autotuning.loader import AutoLoader
 from feedrate.errors import UserError
+from feedrate.loader import started
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import collect
 from feedrate.results.autotune import AutotuneReport
@@ -27,6 +29,7 @@ from feedrate.search.actions import Action, Try
 from feedrate.search.tuner import OnlineTuner
 from feedrate.search.watch import RETUNE_STALL, WATCH_S
 
+from faults import forks_that_hang
 from pipelines import (
     BusyDataset,
     PairBatchSampler,
@@ -447,6 +450,41 @@ def test_a_lane_whose_workers_fail_to_start_loses_no_batch(
     assert starts[1] == "feedrate-lane-start", starts  # beside the lane in use, not holding it
     assert any("/dev/shm" in (t.error or "") for t in report.trials), report
     assert any(e.what.startswith("stay on") for e in report.events), report
+
+
+@pytest.mark.parametrize("at_batch", [-1, 3], ids=["epoch-start", "next-lane"])
+def test_a_lane_whose_worker_hangs_in_its_fork_starts_again_and_loses_no_batch(
+    monkeypatch: pytest.MonkeyPatch, one_per_cpu: None, at_batch: int
+) -> None:
+    # The next worker forked after batch ``at_batch`` never starts (as beside torch.distributed's
+    # threads on Python < 3.11.10): the epoch's first lane, or the next one, started beside the
+    # loop. Seen within START_S, the lane's workers start again; every batch is yielded once, in
+    # order, and the hung child is gone (no_leaks).
+    monkeypatch.setattr(started, "START_S", 1.0)
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(4))  # noqa: E731
+    want = epochs(make(), 1)
+    got: list[torch.Tensor] = []
+    lanes_started: list[LoaderConfig] = []
+    real = lanes.Lane.start
+
+    def start(lane: Lane, *args: Any, **kwargs: Any) -> None:
+        lanes_started.append(lane.config)
+        real(lane, *args, **kwargs)
+
+    monkeypatch.setattr(lanes.Lane, "start", start)
+    hangs: list[Callable[[], int]] = []
+    with contextlib.ExitStack() as stack, feedrate.autotune(make(), cache=False) as auto:
+        torch.manual_seed(1234)  # as epochs() does
+        if at_batch < 0:
+            hangs.append(stack.enter_context(forks_that_hang(1)))
+        for i, batch in enumerate(auto):
+            if i == at_batch:
+                hangs.append(stack.enter_context(forks_that_hang(1)))
+            time.sleep(0.004)
+            got.append(batch.clone())
+        assert hangs[0]() == 0  # a fork did hang
+    assert same(want, [got])
+    assert len(lanes_started) >= 2, lanes_started  # a next lane started after the hang
 
 
 def test_a_lane_with_no_thread_to_start_on_loses_no_batch(

@@ -38,3 +38,7 @@ class WorkerKilledError(PipelineError):
 
 class PipelineTimeoutError(PipelineError):
     """No batch arrived within the allowed time: the pipeline appears to hang."""
+
+
+class WorkersNotStartedError(PipelineError):
+    """DataLoader worker processes were forked and never reached ``worker_init_fn``."""

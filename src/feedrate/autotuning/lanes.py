@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils import signal_handling
 
+from feedrate.loader import started
 from feedrate.loader import threaded as fetching
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import (
@@ -113,6 +114,8 @@ class Lane:
         if seed is not None:
             # Worker seeds from the epoch's own draw; the user's generator is left alone.
             self.loader.generator = torch.Generator().manual_seed(seed)
+        # A forked worker that never starts is named, not waited for ever.
+        self.starts = started.Starts(self.loader)
         self.it: Any = None
         self.start_s = 0.0
         self._starting: threading.Thread | None = None
@@ -185,13 +188,13 @@ class Lane:
         share_temp_folder()  # stop_workers may have to terminate this lane's workers
         if self.feed is None or stream is None:
             with quieted:
-                self.it = iter(self.loader)
+                self._iterate(None)
             return
         self.feed.set(stream)
         self.feed.kept = []
         try:
             with quieted:
-                self.it = iter(self.loader)
+                self._iterate(stream)
         except BaseException:
             self.feed.frozen = True
             stream.put_back(self.feed.kept)
@@ -199,6 +202,23 @@ class Lane:
         finally:
             if not keep:
                 self.feed.kept = None
+
+    def _iterate(self, stream: Stream | None) -> None:
+        """``iter()``, once its forked workers have started: should one hang in its fork (a
+        race with another thread: ``loader.started``), they all end, the batches they took go
+        back to ``stream``, and the start is tried again."""
+
+        def make() -> Any:
+            self.it = iter(self.loader)
+            return self.it
+
+        def end(_: Any) -> None:
+            self._end_workers()
+            if stream is not None and self.feed is not None and self.feed.kept:
+                stream.put_back(self.feed.kept)
+                self.feed.kept.clear()
+
+        started.iterate(make, self.starts, end)
 
     def stays(self) -> None:
         """The lane stays: what it took is its own."""
@@ -236,6 +256,10 @@ class Lane:
             self._starting.join()
             self._starting = None
         self._failed = None  # its traceback holds the half-started iterator
+        self._end_workers()
+        fetching.close(self.loader.dataset)
+
+    def _end_workers(self) -> None:
         if self.it is not None:
             stop_workers(self.it)
             self.it = None
@@ -243,7 +267,6 @@ class Lane:
         if persistent is not None:
             stop_workers(persistent)
             self.loader._iterator = None
-        fetching.close(self.loader.dataset)
 
 
 def loop_device() -> int | None:

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 import feedrate
 from feedrate.errors import PipelineError, UserError
+from feedrate.loader import started
 from feedrate.loader import threaded as fetching
 from feedrate.loader.batches import batch_nbytes, epoch_length, length_hint, sample_counter
 from feedrate.loader.config import LoaderConfig
@@ -179,17 +180,26 @@ def _run(
 ) -> tuple[windows.Timeline, ProbeReport, int | None]:
     current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None, "opened": False}
     counter = sample_counter(loader)
+    starts = started.Starts(loader)
 
     def count(batch: Any) -> int:
         if current["nbytes"] is None:
             current["nbytes"] = batch_nbytes(batch)
         return counter(batch)
 
-    def make_iter() -> Iterator[Any]:
-        share_temp_folder()  # for workers stop_workers may have to terminate
+    def iterate() -> Iterator[Any]:
         with interrupts.deferred(), quiet_worker_count_warning():
             it = iter(loader)
             current["it"] = it  # set before a Ctrl-C held back meanwhile is raised
+        return it
+
+    def end(it: Iterator[Any]) -> None:  # a worker hung in its fork: all end, tried again
+        stop_workers(it)
+        loader._iterator = None  # persistent workers: the next iter() forks afresh
+
+    def make_iter() -> Iterator[Any]:
+        share_temp_folder()  # for workers stop_workers may have to terminate
+        it: Iterator[Any] = started.iterate(iterate, starts, end)
         probe.attach(it)
         return it
 

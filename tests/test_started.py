@@ -1,0 +1,81 @@
+"""Forked DataLoader workers that never start: seen within a bound, started again, or named."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import feedrate
+from feedrate.errors import WorkersNotStartedError
+from feedrate.loader import started
+from feedrate.loader.config import LoaderConfig
+
+from faults import Squares, fault, forks_that_hang
+
+_tag = {"worker": -1}
+
+
+def _tag_worker(worker_id: int) -> None:
+    _tag["worker"] = worker_id
+
+
+class Tagged(Dataset[torch.Tensor]):
+    """Each sample says which worker's ``worker_init_fn`` ran in the process that read it."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, _tag["worker"]])
+
+
+@pytest.fixture
+def short_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(started, "START_S", 1.0)
+
+
+def test_forked_workers_are_seen_to_start_and_the_user_s_init_still_runs() -> None:
+    loader = DataLoader(Tagged(), batch_size=4, num_workers=2, worker_init_fn=_tag_worker)
+    starts = started.Starts(loader)
+    assert starts.watched
+    it = iter(loader)
+    assert starts.wait(it, timeout_s=30.0) == []
+    batches = list(it)
+    assert torch.cat(batches)[:, 0].tolist() == list(range(16))
+    # DataLoader hands batch k to worker k % 2: the user's worker_init_fn ran in each.
+    assert [int(b[0, 1]) for b in batches] == [0, 1, 0, 1]
+
+
+def test_spawned_or_main_process_loaders_are_not_watched() -> None:
+    spawned = DataLoader(
+        Squares(8), num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn")
+    )
+    assert not started.Starts(spawned).watched
+    assert spawned.worker_init_fn is None  # left as it was
+    assert not started.Starts(DataLoader(Squares(8))).watched
+
+
+def test_a_worker_that_hangs_in_its_fork_is_started_again(short_start: None) -> None:
+    loader = DataLoader(Squares(4096), batch_size=8)
+    with forks_that_hang(1) as left:
+        m = feedrate.measure(loader, LoaderConfig(num_workers=2), batches=20, device=None)
+        assert left() == 0  # the first worker forked did hang
+    assert m.samples_per_s > 0  # the autouse no_leaks fixture: the hung child is gone too
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_that_never_start_are_named_not_waited_for(
+    short_start: None, persistent: bool
+) -> None:
+    fault("worker-hangs-in-fork")
+    loader = DataLoader(Squares(4096), batch_size=8)
+    config = LoaderConfig(num_workers=2, persistent_workers=persistent)
+    with forks_that_hang(100), pytest.raises(WorkersNotStartedError) as caught:
+        feedrate.measure(loader, config, batches=20, device=None)
+    message = str(caught.value)
+    assert "did not start within 1 s of their fork" in message
+    assert "gh-112275" in message and "forkserver" in message
+    assert caught.value.exit_code == 3
