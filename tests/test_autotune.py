@@ -460,7 +460,7 @@ def test_a_lane_whose_worker_hangs_in_its_fork_starts_again_and_loses_no_batch(
     # threads on Python < 3.11.10): the epoch's first lane, or the next one, started beside the
     # loop. Seen within START_S, the lane's workers start again; every batch is yielded once, in
     # order, and the hung child is gone (no_leaks).
-    monkeypatch.setattr(started, "START_S", 1.0)
+    monkeypatch.setattr(started, "START_S", 3.0)
     make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(4))  # noqa: E731
     want = epochs(make(), 1)
     got: list[torch.Tensor] = []
@@ -483,7 +483,9 @@ def test_a_lane_whose_worker_hangs_in_its_fork_starts_again_and_loses_no_batch(
             time.sleep(0.004)
             got.append(batch.clone())
         assert hangs[0]() == 0  # a fork did hang
+        events = auto.report().events
     assert same(want, [got])
+    assert not any(e.what.startswith("stay on") for e in events), events  # started again
     assert len(lanes_started) >= 2, lanes_started  # a next lane started after the hang
 
 

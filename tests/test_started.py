@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import feedrate
 from feedrate.errors import WorkersNotStartedError
 from feedrate.loader import started
 from feedrate.loader.config import LoaderConfig
+from feedrate.measuring.workers import Workers
 
 from faults import Squares, fault, forks_that_hang
 
@@ -34,7 +38,7 @@ class Tagged(Dataset[torch.Tensor]):
 
 @pytest.fixture
 def short_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(started, "START_S", 1.0)
+    monkeypatch.setattr(started, "START_S", 3.0)
 
 
 def test_forked_workers_are_seen_to_start_and_the_user_s_init_still_runs() -> None:
@@ -76,6 +80,34 @@ def test_workers_that_never_start_are_named_not_waited_for(
     with forks_that_hang(100), pytest.raises(WorkersNotStartedError) as caught:
         feedrate.measure(loader, config, batches=20, device=None)
     message = str(caught.value)
-    assert "did not start within 1 s of their fork" in message
+    assert "did not start within 3 s of their fork, 2 times" in message
     assert "gh-112275" in message and "forkserver" in message
     assert caught.value.exit_code == 3
+
+
+def test_the_checks_workers_start_again_too(short_start: None) -> None:
+    # The doctor's looks inside workers (duplicates, copy-on-read, a stream's start) iterate a
+    # loader of their own: a hang there is started again as a trial's is.
+    loader = DataLoader(Squares(8), batch_size=None, num_workers=2)
+    with forks_that_hang(1) as left, Workers(loader, timeout_s=30.0) as it:
+        items = sorted(float(x) for x in it)
+        assert left() == 0
+    assert items == [float(i * i) for i in range(8)]
+
+
+def test_an_iterator_that_does_not_run_the_marks_is_not_watched() -> None:
+    # A DataLoader subclass whose iterator brings an init function of its own would look hung.
+    loader = DataLoader(Squares(8), num_workers=2)
+    starts = started.Starts(loader)
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    worker.start()
+    try:
+        own = SimpleNamespace(_workers=[worker], _worker_init_fn=print)
+        assert starts.unstarted(own) == []
+        wrapped = functools.partial(print, loader.worker_init_fn, 1, 0)  # as for data pipes
+        assert starts.unstarted(SimpleNamespace(_workers=[worker], _worker_init_fn=wrapped)) == [
+            worker.pid
+        ]
+    finally:
+        worker.kill()
+        worker.join()

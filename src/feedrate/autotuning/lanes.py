@@ -206,7 +206,9 @@ class Lane:
     def _iterate(self, stream: Stream | None) -> None:
         """``iter()``, once its forked workers have started: should one hang in its fork (a
         race with another thread: ``loader.started``), they all end, the batches they took go
-        back to ``stream``, and the start is tried again."""
+        back to ``stream``, and the start is tried again, its workers seeded alike."""
+        generator = self.loader.generator  # None: the global one draws the workers' seed
+        state = torch.get_rng_state() if generator is None else generator.get_state()
 
         def make() -> Any:
             self.it = iter(self.loader)
@@ -217,6 +219,10 @@ class Lane:
             if stream is not None and self.feed is not None and self.feed.kept:
                 stream.put_back(self.feed.kept)
                 self.feed.kept.clear()
+            if generator is None:
+                torch.set_rng_state(state)
+            else:
+                generator.set_state(state)
 
         started.iterate(make, self.starts, end)
 

@@ -8,12 +8,14 @@ nothing. ``Starts`` marks each worker as it reaches ``worker_init_fn`` (its pid 
 memory, written before the user's function runs), so the one that never got there is named
 within ``START_S`` rather than never. Only forked workers are watched: a spawned one imports
 torch and unpickles the dataset first, which can take longer than any bound worth setting, and
-it does not inherit another thread's lock.
+it does not inherit another thread's lock. Nor are workers an iterator starts out of sight (a
+generator ``__iter__``'s, forked at its first ``next()``), or with an init function of its own.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import multiprocessing
 import os
 import time
@@ -29,8 +31,9 @@ from feedrate.errors import WorkersNotStartedError
 #: one that hung in the fork never does.
 START_S = 30.0
 
-#: How often ``wait`` looks again (s).
-POLL_S = 0.005
+#: ``wait``'s first and longest pause between looks (s): the last worker forked usually marks
+#: within a millisecond, so the pause doubles from the first to the longest.
+POLL_S = (0.0002, 0.005)
 
 #: How many times workers are started before one that never started is an error: the hang is
 #: a race, so the next fork almost always starts.
@@ -38,8 +41,7 @@ START_TRIES = 2
 
 
 class _Marked:
-    """``worker_init_fn`` that first writes its worker's pid into ``pids`` (picklable where the
-    user's function is)."""
+    """``worker_init_fn`` that first writes its worker's pid into ``pids``."""
 
     def __init__(self, pids: Any, fn: Callable[[int], None] | None) -> None:
         self.pids, self.fn = pids, fn
@@ -56,21 +58,26 @@ class Starts:
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self.watched = loader.num_workers > 0 and _start_method(loader) == "fork"
-        self._loader_iterator = lambda: getattr(loader, "_iterator", None)
+        self._loader = loader
         self._pids: Any = None
+        self._marked: _Marked | None = None
         if self.watched:
             # Raw shared memory, allocated before the fork: the child writes, this process reads.
             self._pids = multiprocessing.RawArray(ctypes.c_long, loader.num_workers)
-            loader.worker_init_fn = _Marked(self._pids, loader.worker_init_fn)
+            self._marked = _Marked(self._pids, loader.worker_init_fn)
+            loader.worker_init_fn = self._marked
 
     def unstarted(self, iterator: object) -> list[int]:
         """The pids of ``iterator``'s workers that are alive and have not marked their start
         (a dead one is DataLoader's to report). ``iterator``: what ``iter(loader)`` returned;
-        behind a generator, the loader's persistent iterator, else nothing is watched."""
+        behind a generator, the loader's persistent iterator, else nothing is watched; nor
+        an iterator that does not run the marking init function (a subclass's own)."""
+        if not self.watched:
+            return []
+        if getattr(iterator, "_workers", None) is None:
+            iterator = getattr(self._loader, "_iterator", None)
         workers = getattr(iterator, "_workers", None)
-        if workers is None:
-            workers = getattr(self._loader_iterator(), "_workers", None)
-        if not self.watched or not workers:
+        if not workers or not self._runs_marks(iterator):
             return []
         return [
             w.pid
@@ -86,13 +93,20 @@ class Starts:
     ) -> list[int]:
         """Wait until every worker of ``iterator`` has started, ``timeout_s`` (``START_S``)
         at most: the pids of those that had not by then (none: all started)."""
-        bound = START_S if timeout_s is None else timeout_s
-        end = clock() + bound
+        end = clock() + (START_S if timeout_s is None else timeout_s)
+        pause = POLL_S[0]
         while stuck := self.unstarted(iterator):
             if clock() >= end:
                 return stuck
-            time.sleep(POLL_S)
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_S[1])
         return []
+
+    def _runs_marks(self, iterator: object) -> bool:
+        init = getattr(iterator, "_worker_init_fn", None)
+        while isinstance(init, functools.partial):  # DataLoader's own wrapping, for data pipes
+            init = next((a for a in init.args if isinstance(a, _Marked)), init.func)
+        return init is self._marked
 
 
 def iterate(
@@ -114,23 +128,31 @@ def iterate(
     raise not_started(stuck, timeout_s)
 
 
+def bound(timeout_s: float | None) -> float:
+    """The start bound under a hang timeout of ``timeout_s``: every try within it."""
+    return START_S if not timeout_s else min(START_S, timeout_s / (START_TRIES + 1))
+
+
 def not_started(pids: list[int], timeout_s: float | None = None) -> WorkersNotStartedError:
     """The error for workers that never started, with what to do."""
-    bound = START_S if timeout_s is None else timeout_s
+    waited = START_S if timeout_s is None else timeout_s
     shown = ", ".join(str(p) for p in pids[:8]) + (" ..." if len(pids) > 8 else "")
     return WorkersNotStartedError(
-        f"DataLoader worker process(es) {shown} did not start within {bound:.0f} s of their "
-        "fork: a fork beside other threads hung before any of its code ran (on Python before "
-        "3.11.10 beside torch.distributed's threads, CPython gh-112275: upgrading Python fixes "
-        "it; otherwise multiprocessing_context='forkserver' or 'spawn' avoids forking)"
+        f"DataLoader worker process(es) {shown} did not start within {waited:.0f} s of their "
+        f"fork, {START_TRIES} times: a fork beside other threads hung before any of its code "
+        "ran. Python before 3.11.10 (3.10.15, 3.9.20) hangs so beside torch.distributed's "
+        "threads (CPython gh-112275), and upgrading fixes it; elsewhere, "
+        "multiprocessing_context='forkserver' or 'spawn' in the DataLoader avoids forking"
     )
 
 
 def _start_method(loader: DataLoader[Any]) -> str:
     context = loader.multiprocessing_context
-    if context is None:
-        return multiprocessing.get_start_method()
-    return str(context.get_start_method())
+    if context is not None:
+        return str(context.get_start_method())
+    # Not get_start_method(): it would fix the process's default; the first listed is it.
+    chosen = multiprocessing.get_start_method(allow_none=True)
+    return chosen or multiprocessing.get_all_start_methods()[0]
 
 
 def _alive(worker: Any) -> bool:

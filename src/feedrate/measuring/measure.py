@@ -196,10 +196,11 @@ def _run(
     def end(it: Iterator[Any]) -> None:  # a worker hung in its fork: all end, tried again
         stop_workers(it)
         loader._iterator = None  # persistent workers: the next iter() forks afresh
+        dog.kick()  # the tries share the hang timeout (started.bound)
 
     def make_iter() -> Iterator[Any]:
         share_temp_folder()  # for workers stop_workers may have to terminate
-        it: Iterator[Any] = started.iterate(iterate, starts, end)
+        it: Iterator[Any] = started.iterate(iterate, starts, end, started.bound(timeout_s))
         probe.attach(it)
         return it
 

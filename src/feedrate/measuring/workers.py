@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from feedrate.errors import PipelineError, PipelineTimeoutError
+from feedrate.loader import started
 from feedrate.loader.forwarding import Forwarding
 from feedrate.loader.rebuild import is_iterable_style, quiet_worker_count_warning
 from feedrate.machine.facts import THREAD_ENV_VARS
@@ -130,9 +131,18 @@ class Workers:
 
     def __enter__(self) -> Any:
         share_temp_folder()
-        with quiet_worker_count_warning():
-            self.it = iter(self.loader)
-        return self.it
+        starts = started.Starts(self.loader)  # a worker hung in its fork: started again
+
+        def make() -> Any:
+            with quiet_worker_count_warning():
+                self.it = iter(self.loader)
+            return self.it
+
+        try:
+            return started.iterate(make, starts, stop_workers, started.bound(self.timeout_s))
+        except BaseException:  # Ctrl-C while waiting: __exit__ will not run
+            stop_workers(self.it)
+            raise
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
