@@ -1,0 +1,85 @@
+"""What does a settled autotune cost the main process per batch, in its own Python?
+
+A loader without workers over a cheap tensor dataset (5,000 batches of 4: the loading itself
+costs about 20 µs a batch, so autotune's per-batch work shows), against ``feedrate.autotune``
+of the same loader started from settings cached for it (it only watches: the clock and the
+loop thread's run-queue time at each batch, the epoch's index stream, the watch's sums).
+Epochs alternate (ABBA); the main process's CPU time per batch, median over the epochs, is
+printed. ``--profile`` adds a profile of one watching epoch.
+
+    python benchmarks/watch_cost.py
+    python benchmarks/watch_cost.py --epochs 10 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+from common import commit_label, machine_line, provenance
+from torch.utils.data import DataLoader, TensorDataset
+
+import feedrate
+from feedrate.loader.config import LoaderConfig
+from feedrate.machine import cache
+from feedrate.machine.facts import collect
+
+DATA = TensorDataset(torch.arange(20000.0))
+
+
+def make() -> DataLoader[Any]:
+    return DataLoader(DATA, batch_size=4)
+
+
+def epoch_cpu(loader: Any) -> float:
+    began = time.process_time()
+    for _ in loader:
+        pass
+    return time.process_time() - began
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=6, help="epochs of each (default 6)")
+    ap.add_argument("--profile", action="store_true", help="profile one watching epoch")
+    args = ap.parse_args(argv)
+    facts = collect()
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["FEEDRATE_CACHE_DIR"] = folder
+        options = cache.autotune_options(max_workers=None, allow_threads=False)
+        settled = {"schema": "feedrate.autotune/1", "config": LoaderConfig(0).to_dict()}
+        cache.save(cache.key(facts, make(), options), settled | {"stall": 0.0})
+        plain, auto = make(), feedrate.autotune(make(), machine=facts)
+        epoch_cpu(plain), epoch_cpu(auto)  # warm
+        cpu: dict[str, list[float]] = {"plain": [], "autotune": []}
+        for r in range(args.epochs):
+            for name in ("plain", "autotune") if r % 2 == 0 else ("autotune", "plain"):
+                cpu[name].append(epoch_cpu(plain if name == "plain" else auto))
+        batches = len(plain)
+        per = {k: 1e6 * statistics.median(v) / batches for k, v in cpu.items()}
+        print(f"machine: {machine_line(facts.to_dict())}; commit {commit_label(provenance())}")
+        print(
+            f"{batches} batches an epoch, {args.epochs} epochs each: main-process CPU per batch "
+            f"plain {per['plain']:.1f} µs, autotune watching {per['autotune']:.1f} µs "
+            f"(+{per['autotune'] - per['plain']:.1f} µs); re-tunes {auto.report().retunes}"
+        )
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            epoch_cpu(auto)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        auto.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
