@@ -60,6 +60,7 @@ for c in range(cycles):
     n = sum(1 for _ in auto if dist.all_reduce(torch.ones(1)) is None)
     assert n == len(auto), n
     auto.close()
+print("started again:", sum(e.what.endswith(" again") for e in auto.report().events), flush=True)
 dist.destroy_process_group()
 """
 
@@ -90,16 +91,16 @@ def job(arm: str, cycles: int, timeout_s: float) -> dict[str, Any]:
             env=env,
             cwd=tmp,
             start_new_session=True,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         try:
-            _, err = proc.communicate(timeout=timeout_s)
+            out, err = proc.communicate(timeout=timeout_s)
             hung = False
         except subprocess.TimeoutExpired:
             end(proc, script)
-            _, err = proc.communicate()
+            out, err = proc.communicate()
             hung = True
         except BaseException:  # Ctrl-C: no job left running
             end(proc, script)
@@ -111,6 +112,10 @@ def job(arm: str, cycles: int, timeout_s: float) -> dict[str, Any]:
         "cycles": cycles,
         "hung": hung,
         "failed": failed,
+        # lane starts whose workers hung in their fork and were started again, both ranks
+        "started_again": sum(
+            int(line.split(":")[1]) for line in (out or "").splitlines() if "started again:" in line
+        ),
         "seconds": took,
         "error": (err or "")[-2000:] if failed else None,
     }
@@ -130,7 +135,8 @@ def main() -> None:
             run = job(arm, args.cycles, args.timeout) | {"job": j}
             runs.append(run)
             state = "HUNG" if run["hung"] else "failed" if run["failed"] else "ok"
-            print(f"job {j} {arm:8s} {state} ({run['seconds']:.0f} s)", flush=True)
+            again = f", {run['started_again']} started again" if run["started_again"] else ""
+            print(f"job {j} {arm:8s} {state} ({run['seconds']:.0f} s{again})", flush=True)
     machine = collect().to_dict()
     total = {
         arm: {
@@ -141,6 +147,7 @@ def main() -> None:
             ),
             "hung": sum(1 for r in runs if r["arm"] == arm and r["hung"]),
             "failed": sum(1 for r in runs if r["arm"] == arm and r["failed"]),
+            "started_again": sum(r["started_again"] for r in runs if r["arm"] == arm),
         }
         for arm in args.arms
     }
@@ -159,10 +166,11 @@ def main() -> None:
         "",
         f"{doc['when']}, {machine_line(machine)}; {args.cycles} cycles a job.",
         "",
-        "| arm | jobs | cycles of jobs that ended | hung | failed |",
-        "|---|---|---|---|---|",
+        "| arm | jobs | cycles of jobs that ended | hung | failed | lane starts started again |",
+        "|---|---|---|---|---|---|",
         *(
-            f"| {a} | {t['jobs']} | {t['cycles']:,} | {t['hung']} | {t['failed']} |"
+            f"| {a} | {t['jobs']} | {t['cycles']:,} | {t['hung']} | {t['failed']} "
+            f"| {t['started_again']} |"
             for a, t in total.items()
         ),
         "",

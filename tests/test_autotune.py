@@ -486,6 +486,7 @@ def test_a_lane_whose_worker_hangs_in_its_fork_starts_again_and_loses_no_batch(
         events = auto.report().events
     assert same(want, [got])
     assert not any(e.what.startswith("stay on") for e in events), events  # started again
+    assert any(e.what.endswith(" again") and "hung in the fork" in e.why for e in events), events
     assert len(lanes_started) >= 2, lanes_started  # a next lane started after the hang
 
 

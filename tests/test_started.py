@@ -67,6 +67,7 @@ def test_a_worker_that_hangs_in_its_fork_is_started_again(short_start: None) -> 
     with forks_that_hang(1) as left:
         m = feedrate.measure(loader, LoaderConfig(num_workers=2), batches=20, device=None)
         assert left() == 0  # the first worker forked did hang
+    assert any("hung in their fork" in n for n in m.notes), m.notes
     assert m.samples_per_s > 0  # the autouse no_leaks fixture: the hung child is gone too
 
 

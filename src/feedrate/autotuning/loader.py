@@ -255,7 +255,10 @@ class AutoLoader(delegation.Surface):
         delegation.resume(lane.loader, self._resume)
         self._resume = None
         called = self._clock()
-        lane.start(stream)
+        try:
+            lane.start(stream)
+        finally:
+            self._hangs(lane)
         now = self._clock()
         self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
         self._follow(lane, now)
@@ -336,6 +339,7 @@ class AutoLoader(delegation.Surface):
         nxt, proposal = self._next, self._moving
         assert nxt is not None and proposal is not None
         error = nxt.start_error() if self._job is None else self._job.take_over(nxt, stream)
+        self._hangs(nxt)
         self._next = self._moving = None
         if error is not None:
             nxt.close()
@@ -348,6 +352,12 @@ class AutoLoader(delegation.Surface):
         self._tuner.switched(now := self._clock(), nxt.start_s)
         self._follow(nxt, now)
         return nxt
+
+    def _hangs(self, lane: Lane) -> None:
+        """Workers of ``lane`` that hung in their fork (started again) go in the report."""
+        if lane.starts.hung:
+            self._tuner.started_again(lane.config, lane.starts.hung)
+            lane.starts.hung = []
 
     def _follow(self, lane: Lane, now: float) -> None:
         self._probe.follow(self._tuner.trial, lane.it, now)

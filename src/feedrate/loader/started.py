@@ -61,6 +61,7 @@ class Starts:
         self._loader = loader
         self._pids: Any = None
         self._marked: _Marked | None = None
+        self.hung: list[int] = []  # the pids of workers seen hung, for the caller to report
         if self.watched:
             # Raw shared memory, allocated before the fork: the child writes, this process reads.
             self._pids = multiprocessing.RawArray(ctypes.c_long, loader.num_workers)
@@ -124,6 +125,7 @@ def iterate(
         made = make()
         if not (stuck := starts.wait(made, timeout_s)):
             return made
+        starts.hung.extend(stuck)
         end(made)
     raise not_started(stuck, timeout_s)
 
@@ -131,6 +133,17 @@ def iterate(
 def bound(timeout_s: float | None) -> float:
     """The start bound under a hang timeout of ``timeout_s``: every try within it."""
     return START_S if not timeout_s else min(START_S, timeout_s / (START_TRIES + 1))
+
+
+def notes(starts: Starts) -> list[str]:
+    """What a measurement says of the workers ``starts`` saw hung (none: nothing)."""
+    if not starts.hung:
+        return []
+    shown = ", ".join(str(p) for p in starts.hung)
+    return [
+        f"worker process(es) {shown} hung in their fork and the workers were started again: "
+        "the start-up time includes the wait for them"
+    ]
 
 
 def not_started(pids: list[int], timeout_s: float | None = None) -> WorkersNotStartedError:

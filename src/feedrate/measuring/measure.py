@@ -103,6 +103,7 @@ def measure(
     if report_index and not is_iterable_style(user_loader):
         dataset = IndexReportingDataset(unthreaded(user_loader.dataset))
     loader = rebuild(user_loader, config, dataset=dataset)
+    starts = started.Starts(loader)  # forked workers seen to start
     if dataset is not None:  # a collate_fn that raises names the batch's sample indices
         loader.collate_fn = IndexReportingCollate(loader.collate_fn)
     facts = machine or collect()
@@ -115,7 +116,7 @@ def measure(
     try:
         with interrupts.stoppable():
             timeline, report, nbytes = _run(
-                loader, plan, clock, timeout_s, consume, steady, on_device
+                loader, plan, clock, timeout_s, consume, steady, on_device, starts
             )
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
@@ -132,7 +133,7 @@ def measure(
         machine=facts.to_dict(),
         batch_size=user_loader.batch_size,
         target=target,
-        notes=_notes(config, facts, timeline, report, plan),
+        notes=_notes(config, facts, timeline, report, plan) + started.notes(starts),
         feedrate_version=feedrate.__version__,
         batch_bytes=nbytes,
         stall_fraction=None if consume is None else rates.stall_fraction(timeline.windows),
@@ -177,10 +178,11 @@ def _run(
     consumer: Callable[[Any, int], None] | None,
     steady: Callable[[], bool] | None = None,
     on_device: DeviceStep | None = None,
+    starts: started.Starts | None = None,
 ) -> tuple[windows.Timeline, ProbeReport, int | None]:
+    watched = started.Starts(loader) if starts is None else starts
     current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None, "opened": False}
     counter = sample_counter(loader)
-    starts = started.Starts(loader)
 
     def count(batch: Any) -> int:
         if current["nbytes"] is None:
@@ -200,7 +202,7 @@ def _run(
 
     def make_iter() -> Iterator[Any]:
         share_temp_folder()  # for workers stop_workers may have to terminate
-        it: Iterator[Any] = started.iterate(iterate, starts, end, started.bound(timeout_s))
+        it: Iterator[Any] = started.iterate(iterate, watched, end, started.bound(timeout_s))
         probe.attach(it)
         return it
 

@@ -249,6 +249,11 @@ class OnlineTuner:
         self.trial = self._timing(cfg, "measured again", self._warmup(cfg))
         self.trial.start(now)
 
+    def started_again(self, config: LoaderConfig, pids: list[int]) -> None:
+        """Workers of ``config`` never started (hung in their fork): all were started again."""
+        shown = ", ".join(str(p) for p in pids)
+        self._event(f"start {config.label()} again", f"worker process(es) {shown} hung in the fork")
+
     def switched(self, now: float, start_s: float = 0.0) -> None:
         """The drained lane ended at ``now``; the one ``moved(drain=True)`` started took over
         (its workers' start took ``start_s``, beside the drain)."""
