@@ -60,7 +60,7 @@ for c in range(cycles):
     n = sum(1 for _ in auto if dist.all_reduce(torch.ones(1)) is None)
     assert n == len(auto), n
     auto.close()
-print("started again:", sum(e.what.endswith(" again") for e in auto.report().events), flush=True)
+print("started again:", sum("hung in the fork" in e.why for e in auto.report().events), flush=True)
 dist.destroy_process_group()
 """
 
