@@ -116,7 +116,7 @@ def measure(
     try:
         with interrupts.stoppable():
             timeline, report, nbytes = _run(
-                loader, plan, clock, timeout_s, consume, steady, on_device, starts
+                loader, starts, plan, clock, timeout_s, consume, steady, on_device
             )
     finally:
         fetching.close(loader.dataset)  # the fetch threads of num_workers=0, if any
@@ -172,15 +172,14 @@ def _plan(
 
 def _run(
     loader: DataLoader[Any],
+    starts: started.Starts,
     plan: windows.WindowPlan,
     clock: windows.Clock,
     timeout_s: float | None,
     consumer: Callable[[Any, int], None] | None,
     steady: Callable[[], bool] | None = None,
     on_device: DeviceStep | None = None,
-    starts: started.Starts | None = None,
 ) -> tuple[windows.Timeline, ProbeReport, int | None]:
-    watched = started.Starts(loader) if starts is None else starts
     current: dict[str, Any] = {"it": None, "batches": 0, "nbytes": None, "opened": False}
     counter = sample_counter(loader)
 
@@ -202,7 +201,7 @@ def _run(
 
     def make_iter() -> Iterator[Any]:
         share_temp_folder()  # for workers stop_workers may have to terminate
-        it: Iterator[Any] = started.iterate(iterate, watched, end, started.bound(timeout_s))
+        it: Iterator[Any] = started.iterate(iterate, starts, end, started.bound(timeout_s))
         probe.attach(it)
         return it
 
