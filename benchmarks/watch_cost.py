@@ -5,10 +5,12 @@ costs about 20 µs a batch, so autotune's per-batch work shows), against ``feedr
 of the same loader started from settings cached for it (it only watches: the clock and the
 loop thread's run-queue time at each batch, the epoch's index stream, the watch's sums).
 Epochs alternate (ABBA); the main process's CPU time per batch, median over the epochs, is
-printed. ``--profile`` adds a profile of one watching epoch.
+printed. ``--profile`` adds a profile of one watching epoch. ``--workers N``: both loaders with
+N persistent workers (prefetch 2), so what the main process does to receive batches is in both.
 
     python benchmarks/watch_cost.py
     python benchmarks/watch_cost.py --epochs 10 --profile
+    python benchmarks/watch_cost.py --workers 12
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ from feedrate.machine.facts import collect
 DATA = TensorDataset(torch.arange(20000.0))
 
 
-def make() -> DataLoader[Any]:
-    return DataLoader(DATA, batch_size=4)
+def make(workers: int = 0) -> DataLoader[Any]:
+    if not workers:
+        return DataLoader(DATA, batch_size=4)
+    return DataLoader(
+        DATA, batch_size=4, num_workers=workers, prefetch_factor=2, persistent_workers=True
+    )
 
 
 def epoch_cpu(loader: Any) -> float:
@@ -50,14 +56,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=6, help="epochs of each (default 6)")
     ap.add_argument("--profile", action="store_true", help="profile one watching epoch")
+    ap.add_argument("--workers", type=int, default=0, help="workers of both loaders (default 0)")
     args = ap.parse_args(argv)
     facts = collect()
     with tempfile.TemporaryDirectory() as folder:
         os.environ["FEEDRATE_CACHE_DIR"] = folder
         options = cache.autotune_options(max_workers=None, allow_threads=False)
-        settled = {"schema": "feedrate.autotune/1", "config": LoaderConfig(0).to_dict()}
-        cache.save(cache.key(facts, make(), options), settled | {"stall": 0.0})
-        plain, auto = make(), feedrate.autotune(make(), machine=facts)
+        w = args.workers
+        config = LoaderConfig(w, prefetch_factor=2 if w else None, persistent_workers=w > 0)
+        settled = {"schema": "feedrate.autotune/1", "config": config.to_dict()}
+        cache.save(cache.key(facts, make(w), options), settled | {"stall": 0.0})
+        plain, auto = make(w), feedrate.autotune(make(w), machine=facts)
         epoch_cpu(plain), epoch_cpu(auto)  # warm
         cpu: dict[str, list[float]] = {"plain": [], "autotune": []}
         for r in range(args.epochs):
@@ -67,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         per = {k: 1e6 * statistics.median(v) / batches for k, v in cpu.items()}
         print(f"machine: {machine_line(facts.to_dict())}; commit {commit_label(provenance())}")
         print(
-            f"{batches} batches an epoch, {args.epochs} epochs each: main-process CPU per batch "
+            f"{batches} batches an epoch, {w} workers, {args.epochs} epochs each: main-process "
+            "CPU per batch "
             f"plain {per['plain']:.1f} µs, autotune watching {per['autotune']:.1f} µs "
             f"(+{per['autotune'] - per['plain']:.1f} µs); re-tunes {auto.report().retunes}"
         )

@@ -9,9 +9,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -115,7 +117,7 @@ def same_epoch_tuned(seed: int) -> AutotuneReport:
     ids=["seeded-shuffle", "global-shuffle", "drop-last", "custom-batch-sampler"],
 )
 def test_same_batches_in_the_same_order_while_switching(
-    make: Callable[[], DataLoader[Any]],
+    make: Callable[[], DataLoader[Any]], one_per_cpu: None
 ) -> None:
     want = epochs(make(), 2)
     with feedrate.autotune(make(), cache=False) as auto:
@@ -287,7 +289,7 @@ def test_bad_input() -> None:
         feedrate.autotune(DataLoader(TinyDataset(8)), budget_s=0)
 
 
-def test_budget_spent_settles_on_the_best_so_far() -> None:
+def test_budget_spent_settles_on_the_best_so_far(one_per_cpu: None) -> None:
     loader = DataLoader(SLOW, batch_size=16)
     with feedrate.autotune(loader, budget_s=0.01, cache=False) as auto:
         epochs(auto, 1, step_s=0.004)
@@ -393,7 +395,7 @@ def test_a_loader_that_mostly_waits_starts_with_more_workers_than_cpus(
             assert auto.config.num_workers == cpus and "one per usable CPU" in started
 
 
-def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:
+def test_a_break_during_a_switch_then_another_epoch_keeps_tuning(one_per_cpu: None) -> None:
     make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(9))  # noqa: E731
     want = epochs(make(), 1)
     with feedrate.autotune(make(), cache=False) as auto:
@@ -407,7 +409,7 @@ def test_a_break_during_a_switch_then_another_epoch_keeps_tuning() -> None:
     assert same(want, got)
 
 
-def test_threads_with_leave_are_searched_and_checked() -> None:
+def test_threads_with_leave_are_searched_and_checked(one_per_cpu: None) -> None:
     # 3 ms waits, 16 a batch, a loop of 2 ms: workers mostly wait, so with leave the tuner tries
     # threads inside workers (after the thread-safety check) and keeps the same batches.
     make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(4))  # noqa: E731
@@ -587,6 +589,79 @@ def test_measuring_the_configuration_in_use_again_keeps_its_workers(
     report = same_epoch_tuned(seed=3)
     assert again and [t.config for t in report.trials[:2]] == [again[0], again[0]], report
     assert starts[:2] != [again[0], again[0]], starts  # its lane went on
+
+
+def test_a_return_from_more_workers_takes_the_kept_lane_s_workers(
+    monkeypatch: pytest.MonkeyPatch,
+    one_per_cpu: None,
+) -> None:
+    # A step up that does not beat the lane it left (remote: 30 workers, 39 at the same rate,
+    # then 30 again) returns to that lane's workers, kept drained and idle meanwhile, rather
+    # than forking them all again on the loop's time; every batch still comes once, in order,
+    # and no lane's workers outlive the loader.
+    pids: list[tuple[LoaderConfig, tuple[int, ...]]] = []
+    real_start = Lane.start
+
+    def start(self: Lane, stream: Any, **kw: Any) -> None:
+        real_start(self, stream, **kw)
+        pids.append((self.config, tuple(w.pid for w in getattr(self.it, "_workers", []))))
+
+    script: list[LoaderConfig] = []
+    real_next = OnlineTuner._next
+
+    def up_then_back(self: OnlineTuner, spent: bool) -> Action:
+        if not script:
+            script.append(self.config)
+            up = replace(self.config, num_workers=self.config.num_workers + 2)
+            return Try(up, "more workers (test)")
+        if len(script) == 1:
+            script.append(self.config)
+            return Try(script[0], "back (test)")
+        return real_next(self, spent)
+
+    monkeypatch.setattr(Lane, "start", start)
+    monkeypatch.setattr(OnlineTuner, "_next", up_then_back)
+    make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(6))  # noqa: E731
+    want = epochs(make(), 2)
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = epochs(auto, 2, step_s=0.004)
+        first, up = script
+        assert [c for c, _ in pids[:2]] == [first, up], pids
+        back = next(p for c, p in pids[2:] if c == first)  # mid-epoch or at the next one
+        assert back == pids[0][1] and back, pids  # the same processes
+        assert auto._kept.lane is None or auto._kept.lane.config != first
+    assert same(want, got)
+    assert not any(psutil.pid_exists(p) for _, ps in pids for p in ps)  # closed: every lane's
+
+
+class EndsOnce:
+    """A lane's stand-in for ``Kept``: its configuration, and whether it ended."""
+
+    def __init__(self, workers: int, interrupt: bool = False) -> None:
+        self.config = LoaderConfig(workers, prefetch_factor=2, persistent_workers=True)
+        self.ended, self.interrupt = False, interrupt
+
+    def close(self) -> None:
+        self.ended = True
+        if self.interrupt:
+            raise KeyboardInterrupt
+
+
+def test_one_lane_is_kept_the_one_a_return_may_want_and_the_others_end() -> None:
+    kept, w34, w47 = lanes.Kept(), EndsOnce(34), EndsOnce(47)
+    best = lambda alive, going: w34.config if w34.config in alive else None  # noqa: E731
+    kept.choose(cast(Lane, w34), w47.config, best)  # 34 drained, 47 tried: 34 kept
+    assert kept.lane is w34 and not w34.ended
+    kept.choose(cast(Lane, w47), EndsOnce(60).config, best)  # 47 drained, 60 tried: 34 stays
+    assert kept.lane is w34 and w47.ended and not w34.ended
+    assert kept.take(w47.config) is None and kept.take(w34.config) is w34  # a return
+    assert kept.lane is None
+    # None wanted: each ends, even where another's end is interrupted (Ctrl-C).
+    a, b = EndsOnce(8, interrupt=True), EndsOnce(16)
+    kept.lane = cast(Lane, a)
+    with pytest.raises(KeyboardInterrupt):
+        kept.choose(cast(Lane, b), LoaderConfig(0), lambda alive, going: None)
+    assert a.ended and b.ended and kept.lane is None
 
 
 def test_a_lane_started_beside_the_loop_has_worker_deaths_signalled(

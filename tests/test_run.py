@@ -175,7 +175,10 @@ def test_autotune_yields_the_same_batches_in_the_same_order(tmp_path: Path) -> N
     assert [ln for ln in tuned.stdout.splitlines() if ln.startswith("batch")] == batches
     (loader,) = json.loads(out.read_text())["loaders"]
     change = loader["autotune"]
-    assert change is not None and change["error"] is None and change["report"]["trials"]
+    assert change is not None and change["error"] is None
+    # autotune ran the loader: started past one worker per CPU (it mostly waits), no trial
+    # concluded within 60 batches of so many workers' warm-up.
+    assert change["after"]["num_workers"] > 2 and "projected" in change["report"]["started_from"]
     assert (loader["batches"], loader["samples"]) == (60, 240)
 
 

@@ -275,6 +275,54 @@ class Lane:
             self.loader._iterator = None
 
 
+#: Which of the lanes alive (their configurations) keeps its workers while a lane of the second
+#: argument runs, or None: ``OnlineTuner.keep``.
+KeepRule = Callable[[list[LoaderConfig], LoaderConfig], LoaderConfig | None]
+
+
+class Kept:
+    """The drained lane whose workers wait, idle, for a return to its configuration: autotune
+    keeps one at a time, the one ``KeepRule`` names, so that a step up which does not beat it
+    returns without forking its workers again."""
+
+    def __init__(self) -> None:
+        self.lane: Lane | None = None
+
+    def take(self, config: LoaderConfig) -> Lane | None:
+        """The kept lane, where it is of ``config`` (then no longer kept); else None."""
+        lane = self.lane
+        if lane is None or lane.config != config:
+            return None
+        self.lane = None
+        return lane
+
+    def choose(
+        self,
+        drained: Lane | None,
+        going: LoaderConfig,
+        rule: KeepRule,
+        *,
+        draining: LoaderConfig | None = None,
+    ) -> None:
+        """Of ``drained`` and the lane kept, the one ``rule`` names (``draining``: a lane still
+        draining, a candidate for later) stays kept while ``going`` runs; the others end, each
+        even where another's end is interrupted."""
+        alive = [lane for lane in (drained, self.lane) if lane is not None]
+        if not alive:
+            return
+        wanted = rule([lane.config for lane in alive] + ([draining] if draining else []), going)
+        self.lane = next((lane for lane in alive if lane.config == wanted), None)
+        with contextlib.ExitStack() as ends:
+            for lane in alive:
+                if lane is not self.lane:
+                    ends.callback(lane.close)
+
+    def close(self) -> None:
+        lane, self.lane = self.lane, None
+        if lane is not None:
+            lane.close()
+
+
 def loop_device() -> int | None:
     """The calling thread's current CUDA device, where CUDA is in use (a thread that starts a
     lane for it sets the same, or DataLoader would pin its batches on GPU 0)."""

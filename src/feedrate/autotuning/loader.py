@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedrate.autotuning import delegation
-from feedrate.autotuning.lanes import Lane, Stream
+from feedrate.autotuning.lanes import Kept, Lane, Stream
 from feedrate.autotuning.probing import TrialProbe
 from feedrate.autotuning.ranked import Job, local_ranks
 from feedrate.autotuning.start import Start, save, starting_point, tuner_for
@@ -87,6 +87,7 @@ class AutoLoader(delegation.Surface):
         self._tuner = self._tuner_of(self._starting(local_ranks()), counted=False)
         self._lane: Lane | None = None
         self._next: Lane | None = None  # started on the indices after the lane draining
+        self._kept = Kept()  # a drained lane whose workers wait for a return
         self._moving: Proposal | None = None  # what the next lane is for
         self._probe, self._seed = TrialProbe(), 0
         #: A WebLoader's stages after its DataLoader, run on the tuned epochs (see autotune).
@@ -116,6 +117,7 @@ class AutoLoader(delegation.Surface):
         for lane in (self._lane, self._next):
             if lane is not None:
                 lane.close()
+        self._kept.close()
         self._lane = self._next = self._moving = None
         self._tuner.stopped()
 
@@ -247,11 +249,17 @@ class AutoLoader(delegation.Surface):
 
     def _start_lane(self, stream: Stream | None) -> Lane:
         cfg, lane = self._tuner.config, self._lane
-        if fresh := lane is None or lane.config != cfg:
-            if lane is not None:
-                lane.close()
+        fresh = False
+        if lane is None or lane.config != cfg:
+            back, self._lane = self._kept.take(cfg), None
+            self._kept.choose(lane, cfg, self._keep_rule)  # the lane left may be kept
+            lane = self._lane = back
+        elif self._tuner.report.settled:
+            self._kept.close()  # no return to come
+        if lane is None:
             seed = self._seed if self._split else None
             lane = self._lane = Lane(self._user, cfg, self._split, seed, self._clock)
+            fresh = True
         delegation.resume(lane.loader, self._resume)
         self._resume = None
         called = self._clock()
@@ -282,6 +290,9 @@ class AutoLoader(delegation.Surface):
             proposal = self._decide()
             if proposal is not None:
                 self._tuner.moved(*proposal, drain=False)  # it runs from the next epoch
+            kept = self._kept.lane
+            if self._tuner.report.settled and kept is not None and kept.config != self.config:
+                self._kept.close()  # no return to come
 
     # --- trials ----------------------------------------------------------------------------------
 
@@ -315,6 +326,8 @@ class AutoLoader(delegation.Surface):
     def _switch_later(self, lane: Lane, stream: Stream) -> Lane | None:
         """At a trial's end: the next lane (on the indices after this one's, drained first)."""
         if (proposal := self._decide(stream.taken)) is None:
+            if self._tuner.report.settled:
+                self._kept.close()  # no return to come
             return None
         seed = self._seed + len(self._tuner.trials)
         make = partial(Lane, self._user, proposal[0], True, seed, self._clock)
@@ -325,7 +338,8 @@ class AutoLoader(delegation.Surface):
             else:
                 self._moving = proposal
             return nxt
-        nxt = make()
+        nxt = self._kept.take(proposal[0]) or make()  # a return to a kept lane starts no worker
+        self._kept.choose(None, proposal[0], self._keep_rule, draining=lane.config)
         lane.freeze()  # from here on the stream's batches are the next lane's
         nxt.begin(stream)  # its workers start while this lane drains
         self._tuner.moved(*proposal, drain=True)
@@ -347,11 +361,15 @@ class AutoLoader(delegation.Surface):
             self._tuner.move_failed(proposal, error, now := self._clock(), lane.config)
             self._follow(lane, now)
             return lane
-        lane.close()
         self._lane = nxt
+        self._kept.choose(lane, nxt.config, self._keep_rule)  # or it ends
         self._tuner.switched(now := self._clock(), nxt.start_s)
         self._follow(nxt, now)
         return nxt
+
+    def _keep_rule(self, alive: list[LoaderConfig], going: LoaderConfig) -> LoaderConfig | None:
+        """``OnlineTuner.keep``; none in a job (every rank's workers share the node)."""
+        return None if self._job is not None else self._tuner.keep(alive, going)
 
     def _hangs(self, lane: Lane) -> None:
         """Workers of ``lane`` that hung in their fork (started again) go in the report."""

@@ -28,7 +28,7 @@ from feedrate.measuring.measure import warmup_batches
 from feedrate.measuring.shm import MainBatch, main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
-from feedrate.search.scaling import stream_start
+from feedrate.search.scaling import map_start, stream_start
 from feedrate.search.space import Space
 from feedrate.search.tuner import OnlineTuner, online
 
@@ -207,8 +207,7 @@ def _start_config(
     waiting = stream_start(facts.cpus_usable, space.busy_worker_cpu, space.max_workers)
     if waiting is None and w > 0 and not is_iterable_style(loader):
         share = waiting_share(first())
-        seen = "the first batch, made in this process, was"
-        waiting = stream_start(facts.cpus_usable, share, space.max_workers, seen=seen)
+        waiting = map_start(facts.cpus_usable, share, space.max_workers)
     if waiting is not None:
         w, why = waiting.workers, waiting.what
     start = replace(own, num_workers=w, prefetch_factor=2 if w else None)

@@ -164,6 +164,17 @@ def receiving(t: Trial) -> bool:
     return t.main_cpu >= MAIN_HANDOFF or handoff
 
 
+def idle_stall(t: Trial) -> float:
+    """The share of ``t``'s time its loop waited in ``next()`` off a CPU: the part of the stall
+    that more workers may cut. The rest, the loop's thread on a CPU while it waited, is each
+    batch's hand-off to it, which more workers only add to (``remote``, 30 workers under
+    ``benchmarks/autotune.py``'s consumer: a 15% stall, its thread on a CPU 70% of it; 39
+    workers then delivered no more). The whole stall where that was not read (offline)."""
+    if t.wait_cpu is None:
+        return t.stall_fraction or 0.0
+    return (t.stall_fraction or 0.0) * (1.0 - t.wait_cpu)
+
+
 #: Online, a main process this busy (share of a core) receiving small batches spends a real part
 #: of the pipeline's cost on the hand-off between processes, which no workers saves: tabular rows
 #: and dict records measure 0.45-0.5 at 2 workers, a tokenizer and skewed CPU work 0.06-0.15.

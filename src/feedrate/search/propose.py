@@ -1,11 +1,12 @@
 """The search's two entry points and its answer: ``propose`` (tune's next trial), ``propose_online``
-(autotune's), ``choose`` (the recommendation) and ``unresolved`` (the trial to measure again
-before the answer stands).
+(autotune's), ``choose`` (the recommendation), ``unresolved`` (the trial to measure again
+before the answer stands) and ``keep`` (the lane autotune keeps for a return).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
@@ -19,6 +20,8 @@ from feedrate.search.space import (
     eligible,
     fastest,
     outpaced,
+    peaks,
+    predict_over_budget,
 )
 from feedrate.search.steps import CONSUMER_STEPS, FASTEST_STEPS, ONLINE_STEPS
 
@@ -123,3 +126,25 @@ def repeat_costs(
 
 def _gap(top: Trial, pick: Trial) -> float:
     return top.median / pick.median - 1 if pick.median > 0 else 0.0
+
+
+def keep(
+    space: Space, trials: list[Trial], alive: list[LoaderConfig], going: LoaderConfig
+) -> LoaderConfig | None:
+    """Online: which lane of ``alive`` (drained, their workers idle) keeps its workers while a
+    lane of ``going`` is tried, so that a return to it starts none: the one the trials so far
+    would settle on (``choose``), where a worker's memory was measured and both lanes' workers
+    together fit the budgets (``predict_over_budget`` of one loader with both counts; a
+    drained lane's /dev/shm is counted, though it holds no batch). None: none is kept. A
+    return otherwise forks every worker again on the loop's time: ``remote`` in
+    ``benchmarks/autotune.py`` tried 30 workers, 39 at the same rate, then 30 again, which put
+    its loop 0.45 s further behind the static loader's; another run tried 34, 47 and 60
+    before 34, so the lane kept is the best so far, not the last."""
+    best = choose(space, trials)
+    if best is None or best.config not in alive or best.config == going:
+        return None
+    kept, more = best.config.num_workers, going.num_workers
+    if kept == 0 or not peaks(trials).per_worker:
+        return None
+    both = replace(going, num_workers=kept + more)
+    return best.config if predict_over_budget(space, trials, both) is None else None

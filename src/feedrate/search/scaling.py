@@ -130,18 +130,25 @@ STREAM_SEEN = "2 workers making the stream's first items were"
 
 
 def stream_start(
-    cpus: int, cpu_share: float | None, max_workers: int, *, seen: str = STREAM_SEEN
+    cpus: int,
+    cpu_share: float | None,
+    max_workers: int,
+    *,
+    seen: str = STREAM_SEEN,
+    per_cpu: int | None = STREAM_START_PER_CPU,
 ) -> Ceiling | None:
     """Where a stream's first epoch starts (an IterableDataset's settings change only between
     epochs, so its first epoch runs whole on the count it starts at), from ``cpu_share``, the
     share of their time 2 probe workers making its first items spent on a CPU: the count whose
     workers fill ``CPU_CEILING`` of the usable CPUs, within ``STREAM_START_PER_CPU`` per CPU,
     ``STREAM_START_OVER_CPUS`` over them and ``max_workers``. None where that is not more
-    than one worker per usable CPU (the usual start) or nothing was measured. The same rule
-    starts a map-style loader from its first batch's share (``seen`` says what was timed)."""
+    than one worker per usable CPU (the usual start) or nothing was measured (``map_start``:
+    the same for a map-style loader)."""
     if cpu_share is None or cpus < 1:
         return None
-    most = min(max_workers, STREAM_START_PER_CPU * cpus, cpus + STREAM_START_OVER_CPUS)
+    most = min(max_workers, cpus + STREAM_START_OVER_CPUS)
+    if per_cpu is not None:
+        most = min(most, per_cpu * cpus)
     n = most if cpu_share <= 0 else min(most, math.floor(CPU_CEILING * cpus / cpu_share))
     if n <= cpus:
         return None
@@ -150,3 +157,14 @@ def stream_start(
         f"{n} workers: {seen} on a CPU {cpu_share:.0%} of the time, so about {n} fill "
         f"{CPU_CEILING:.0%} of the {cpus} usable CPUs (at most {most}; projected, not measured)",
     )
+
+
+def map_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceiling | None:
+    """``stream_start`` for a map-style loader, from the share of its time its first batch,
+    made in the main process, was on a CPU. Its first trial is a stretch of batches, not an
+    epoch (a start too high is left after it), so no per-CPU bound holds it: on 2 CPUs, 4 per
+    CPU kept ``remote`` (its batch on a CPU 4% of the time) at 8 workers, a third of its rate,
+    for the first 40 batches of ``benchmarks/autotune.py``'s epoch, 0.5 s behind the static
+    loader by then."""
+    seen = "the first batch, made in this process, was"
+    return stream_start(cpus, cpu_share, max_workers, seen=seen, per_cpu=None)

@@ -26,11 +26,12 @@ from dataclasses import replace
 from feedrate.results.trial import Trial
 from feedrate.search import scaling
 from feedrate.search.bottleneck import WAITING_DEMAND, bottleneck
-from feedrate.search.online_steps import copies, fewer, hands_over, receiving, zero
+from feedrate.search.online_steps import copies, fewer, hands_over, idle_stall, receiving, zero
 from feedrate.search.space import (
     AIM_MARGIN,
     BIG_BATCH,
     STALL_GAIN,
+    STALL_MARGIN,
     Proposal,
     Space,
     beats,
@@ -292,6 +293,8 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
             cut = 0.0  # (large batches, 2 to 4 workers: 15% to 12% stall, 490 to 477 samples/s)
         if cut < STALL_GAIN and not beats(top, prev):  # neither less stall nor more delivered:
             return _pool(space, top, prev)  # more cannot feed it, unless a deeper pool may
+    if online and kind == "latency" and idle_stall(top) <= STALL_MARGIN:
+        return None  # what the loop waits for is its own receiving: more workers add to it
     if kind == "cpu" and 2 * w > POOL_CPUS * space.cpus:
         return None  # CPU-bound past the deepest pool worth trying (``_pool``): more only queue
     nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"

@@ -31,7 +31,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.actions import Action, CheckThreads, Settle, Try
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
-from feedrate.search.propose import choose, propose_online, repeat_costs, unresolved
+from feedrate.search.propose import choose, keep, propose_online, repeat_costs, unresolved
 from feedrate.search.space import Proposal, Space, covers, eligible, fastest
 from feedrate.search.watch import RETUNE_STALL, RETUNE_WINDOWS, WATCH_BATCHES, WATCH_S, Watch
 
@@ -232,6 +232,11 @@ class OnlineTuner:
             self.pending = trial
         else:
             self.trial = trial
+
+    def keep(self, alive: list[LoaderConfig], going: LoaderConfig) -> LoaderConfig | None:
+        """Which drained lane of ``alive`` keeps its workers while ``going`` is tried
+        (``propose.keep``): a return to it then starts none."""
+        return keep(self.space, self.trials, alive, going)
 
     def again_here(self, action: Try, now: float) -> None:
         """``action`` measures the running configuration again, from ``now``, on its lane."""
