@@ -959,7 +959,7 @@ def remote_trial(workers: int, rate: float) -> Trial:
         ([(30, 2178)], [30], 39, 1400, None),  # 30 + 39 workers of 20 MiB over the budget
         ([(34, 2315), (47, 2360)], [47, 34], 60, 4096, 34),  # the best so far, not the last
         ([(34, 2000), (47, 2400)], [47, 34], 60, 4096, 47),
-        ([(39, 2160), (30, 2178)], [39], 30, 4096, None),  # the best is the one going
+        ([(39, 2160), (30, 2178)], [39], 30, 4096, 39),  # a return: the rival, measured again
         ([(0, 900), (2, 800)], [0], 4, 4096, None),  # no workers to keep
     ],
 )

@@ -133,15 +133,17 @@ def keep(
 ) -> LoaderConfig | None:
     """Online: which lane of ``alive`` (drained, their workers idle) keeps its workers while a
     lane of ``going`` is tried, so that a return to it starts none: the one the trials so far
-    would settle on (``choose``), where a worker's memory was measured and both lanes' workers
-    together fit the budgets (``predict_over_budget`` of one loader with both counts; a
-    drained lane's /dev/shm is counted, though it holds no batch). None: none is kept. A
-    return otherwise forks every worker again on the loop's time: ``remote`` in
-    ``benchmarks/autotune.py`` tried 30 workers, 39 at the same rate, then 30 again, which put
-    its loop 0.45 s further behind the static loader's; another run tried 34, 47 and 60
-    before 34, so the lane kept is the best so far, not the last."""
-    best = choose(space, trials)
-    if best is None or best.config not in alive or best.config == going:
+    would settle on without ``going`` (``choose``: the best so far; on a return, the rival
+    that near-tied leaders are measured against again), where a worker's memory was measured
+    and both lanes' workers together fit the budgets (``predict_over_budget`` of one loader
+    with both counts; a drained lane's /dev/shm is counted, though it holds no batch). None:
+    none is kept. A return otherwise forks every worker again on the loop's time: ``remote``
+    in ``benchmarks/autotune.py`` tried 30 workers, 39 at the same rate, then 30 again, which
+    put its loop 0.45 s further behind the static loader's; another run tried 34, 47 and 60
+    before 34 (so the best so far is kept, not the last); near-tied 34 and 45 were measured
+    in turn, 34, 45, 34, 45, 34, each 45 forked anew, 0.36-0.43 s behind each time."""
+    best = choose(space, [t for t in trials if t.config != going])
+    if best is None or best.config not in alive:
         return None
     kept, more = best.config.num_workers, going.num_workers
     if kept == 0 or not peaks(trials).per_worker:
