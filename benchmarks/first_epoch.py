@@ -6,6 +6,8 @@ first epoch (it starts with nothing cached), with the simulated consumer of
 ``benchmarks/autotune.py`` (a sleep of samples / R per batch, its R and its 12 s epoch). With
 ``--against REV`` the same repetitions run, alternating, on feedrate at git revision REV (a
 temporary worktree of this checkout), so a change is measured before and after in one run.
+Where autotune falls behind is kept too: at each of its events (a switch, a settle) and at the
+epoch's end, how many seconds its epoch is behind the static one at the same batch.
 
     python benchmarks/first_epoch.py --pipeline large --static-workers 0 --reps 5
     python benchmarks/first_epoch.py --pipeline large --static-workers 0 --against a97c393
@@ -53,21 +55,27 @@ def arm(name: str, workers: int) -> dict[str, Any]:
     loader = long_epoch(base, rate, EPOCH_S)
     count = sample_counter(loader)
 
-    def epoch(it: Any) -> float:
-        began = time.perf_counter()
+    def epoch(it: Any) -> tuple[float, list[float]]:
+        began, got = time.perf_counter(), []
         for batch in it:
+            got.append(time.perf_counter() - began)
             time.sleep(count(batch) / rate)
-        return time.perf_counter() - began
+        return time.perf_counter() - began, got
 
     cfg = LoaderConfig(workers, prefetch_factor=2 if workers else None, persistent_workers=True)
-    static = epoch(rebuild(loader, cfg))
+    static, static_at = epoch(rebuild(loader, cfg))
     auto = feedrate.autotune(loader, cache=False)
     try:
-        first = epoch(auto)
+        first, first_at = epoch(auto)
         report = auto.report()
     finally:
         auto.close()
+    events = [(e.batch, e.what) for e in report.events if e.epoch == 1]
+    marks = sorted({b for b, _ in events if b < len(static_at)} | {len(static_at) - 1})
+    behind = [(b, first_at[b] - static_at[b]) for b in marks if b < len(first_at)]
     return {
+        "events": events,
+        "behind_s": behind,
         "static_s": static,
         "autotune_s": first,
         "ratio": first / static,
@@ -208,11 +216,24 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]]) -> None:
         "| feedrate | ratios, in order | median | speed share | trials (workers) |",
         "|---|---|---|---|---|",
     ]
+    behind = [
+        "",
+        "Seconds autotune's epoch was behind the static one at its events' batches:",
+        "",
+    ]
     for a in arms:
         mine = [r for r in runs if r["arm"] == a]
         ratios = ", ".join(f"{r['ratio']:.3f}" for r in mine)
         trials = "; ".join(str(r["trials"]) for r in mine)
         lines.append(f"| {a} | {ratios} | {medians[a]:.3f} | {1 / medians[a]:.3f} | {trials} |")
+        for r in mine:
+            what = dict(r.get("events", []))
+            seen = ", ".join(
+                f"{b}: {s:+.2f}" + (f" ({what[b]})" if b in what else " (the end)")
+                for b, s in r.get("behind_s", [])
+            )
+            behind.append(f"* {a}, rep {r['rep']}: {seen}")
+    lines += behind if len(behind) > 3 else []
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
