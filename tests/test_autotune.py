@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 import feedrate
+import feedrate.search.tuner as tuner_module
 from feedrate.autotuning import lanes, start
 from feedrate.autotuning.lanes import Lane
 from feedrate.autotuning.loader import AutoLoader
@@ -599,14 +600,17 @@ def test_measuring_the_configuration_in_use_again_keeps_its_workers(
     assert starts[:2] != [again[0], again[0]], starts  # its lane went on
 
 
+@pytest.mark.parametrize("settles_on", [0, 1])
 def test_a_return_from_more_workers_takes_the_kept_lane_s_workers(
     monkeypatch: pytest.MonkeyPatch,
     one_per_cpu: None,
+    settles_on: int,
 ) -> None:
     # A step up that does not beat the lane it left (remote: 30 workers, 39 at the same rate,
     # then 30 again) returns to that lane's workers, kept drained and idle meanwhile, rather
     # than forking them all again on the loop's time; every batch still comes once, in order,
-    # and no lane's workers outlive the loader.
+    # and no lane's workers outlive the loader. Once settled, on the lane running (0) or on the
+    # one kept (1), no lane is kept: only the settled lane's workers are alive.
     pids: list[tuple[LoaderConfig, tuple[int, ...]]] = []
     real_start = Lane.start
 
@@ -615,7 +619,6 @@ def test_a_return_from_more_workers_takes_the_kept_lane_s_workers(
         pids.append((self.config, tuple(w.pid for w in getattr(self.it, "_workers", []))))
 
     script: list[LoaderConfig] = []
-    real_next = OnlineTuner._next
 
     def up_then_back(self: OnlineTuner, spent: bool) -> Action:
         if not script:
@@ -625,19 +628,27 @@ def test_a_return_from_more_workers_takes_the_kept_lane_s_workers(
         if len(script) == 1:
             script.append(self.config)
             return Try(script[0], "back (test)")
-        return real_next(self, spent)
+        return self._settle()
+
+    def best(space: Any, trials: list[Any]) -> Any:
+        return next(t for t in trials if t.config == script[settles_on])
 
     monkeypatch.setattr(Lane, "start", start)
     monkeypatch.setattr(OnlineTuner, "_next", up_then_back)
+    monkeypatch.setattr(tuner_module, "choose", best)
     make = lambda: DataLoader(SLOW, batch_size=16, generator=seeded(6))  # noqa: E731
-    want = epochs(make(), 2)
+    want = epochs(make(), 3)
     with feedrate.autotune(make(), cache=False) as auto:
-        got = epochs(auto, 2, step_s=0.004)
+        got = epochs(auto, 3, step_s=0.004)
         first, up = script
         assert [c for c, _ in pids[:2]] == [first, up], pids
         back = next(p for c, p in pids[2:] if c == first)  # mid-epoch or at the next one
         assert back == pids[0][1] and back, pids  # the same processes
-        assert auto._kept.lane is None or auto._kept.lane.config != first
+        assert auto.report().settled and auto.config == script[settles_on]
+        assert auto._kept.lane is None
+        running = {p for c, ps in pids if c == auto.config for p in ps}
+        assert running and all(psutil.pid_exists(p) for p in running), pids
+        assert not [p for _, ps in pids for p in ps if p not in running and psutil.pid_exists(p)]
     assert same(want, got)
     assert not any(psutil.pid_exists(p) for _, ps in pids for p in ps)  # closed: every lane's
 

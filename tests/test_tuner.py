@@ -734,3 +734,15 @@ def test_a_trial_short_at_an_epochs_end_starts_over_from_the_next_epochs_start()
     # and what its start cost, which a repeat would pay again, though measured from a later epoch.
     assert tuner.trials[-1].samples_per_s == pytest.approx(400, rel=0.02)
     assert tuner.trials[-1].startup_s == 3.0
+
+
+def test_no_lane_is_kept_once_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A kept lane waits, idle, for a return to its configuration; once settled none comes, and
+    # its workers would hold memory for nothing, whatever the trials would keep.
+    import feedrate.search.tuner as tuner_module
+
+    monkeypatch.setattr(tuner_module, "keep", lambda space, trials, alive, going: alive[0])
+    kept, going = online(LoaderConfig(8)), online(LoaderConfig(16))
+    tuning, settled = tuner_from(8), tuner_from(8, settled=True, stall=0.0)
+    assert tuning.keep([kept], going) == kept
+    assert settled.keep([kept], going) is None

@@ -317,6 +317,12 @@ class Kept:
                 if lane is not self.lane:
                     ends.callback(lane.close)
 
+    def only(self, config: LoaderConfig) -> None:
+        """Autotune settled on ``config``: the lane kept ends unless it is of ``config`` (the
+        move there takes it); no return comes to any other."""
+        if self.lane is not None and self.lane.config != config:
+            self.close()
+
     def close(self) -> None:
         lane, self.lane = self.lane, None
         if lane is not None:

@@ -254,8 +254,6 @@ class AutoLoader(delegation.Surface):
             back, self._lane = self._kept.take(cfg), None
             self._kept.choose(lane, cfg, self._keep_rule)  # the lane left may be kept
             lane = self._lane = back
-        elif self._tuner.report.settled:
-            self._kept.close()  # no return to come
         if lane is None:
             seed = self._seed if self._split else None
             lane = self._lane = Lane(self._user, cfg, self._split, seed, self._clock)
@@ -290,9 +288,6 @@ class AutoLoader(delegation.Surface):
             proposal = self._decide()
             if proposal is not None:
                 self._tuner.moved(*proposal, drain=False)  # it runs from the next epoch
-            kept = self._kept.lane
-            if self._tuner.report.settled and kept is not None and kept.config != self.config:
-                self._kept.close()  # no return to come
 
     # --- trials ----------------------------------------------------------------------------------
 
@@ -316,6 +311,7 @@ class AutoLoader(delegation.Surface):
             return None  # not every rank measured enough: the trial goes on
         if isinstance(action, Settle):
             save(self._cache_key, action.config, action.stall)
+            self._kept.only(action.config)  # no return to come (and none kept from here on)
             return None if action.config == self._tuner.config else (action.config, "settled")
         if action.config == self._tuner.config and self._lane is not None:  # on its lane
             self._tuner.again_here(action, now := self._clock())  # no new workers
@@ -326,8 +322,6 @@ class AutoLoader(delegation.Surface):
     def _switch_later(self, lane: Lane, stream: Stream) -> Lane | None:
         """At a trial's end: the next lane (on the indices after this one's, drained first)."""
         if (proposal := self._decide(stream.taken)) is None:
-            if self._tuner.report.settled:
-                self._kept.close()  # no return to come
             return None
         seed = self._seed + len(self._tuner.trials)
         make = partial(Lane, self._user, proposal[0], True, seed, self._clock)

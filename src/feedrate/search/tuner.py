@@ -235,8 +235,9 @@ class OnlineTuner:
 
     def keep(self, alive: list[LoaderConfig], going: LoaderConfig) -> LoaderConfig | None:
         """Which drained lane of ``alive`` keeps its workers while ``going`` is tried
-        (``propose.keep``): a return to it then starts none."""
-        return keep(self.space, self.trials, alive, going)
+        (``propose.keep``): a return to it then starts none. None once settled: no return
+        comes, and idle workers would hold memory for nothing."""
+        return None if self.report.settled else keep(self.space, self.trials, alive, going)
 
     def again_here(self, action: Try, now: float) -> None:
         """``action`` measures the running configuration again, from ``now``, on its lane."""
