@@ -4,6 +4,7 @@ for the loop that iterates it, the cache, re-tuning, and no worker left behind."
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import signal
 import threading
@@ -30,7 +31,7 @@ from feedrate.machine.facts import collect
 from feedrate.measuring import runqueue
 from feedrate.results.autotune import AutotuneReport
 from feedrate.search.actions import Action, Try
-from feedrate.search.tuner import OnlineTuner
+from feedrate.search.tuner import OnlineTuner, online
 from feedrate.search.watch import RETUNE_STALL, WATCH_S
 
 from faults import forks_that_hang
@@ -703,3 +704,71 @@ def test_a_lane_started_beside_the_loop_has_worker_deaths_signalled(
     finally:
         lane.close()
         signal.signal(signal.SIGCHLD, before)
+
+
+@pytest.mark.parametrize(("own_workers", "cached"), [(0, False), (1, True)])
+def test_a_start_whose_workers_cannot_start_runs_the_loader_s_own_settings(
+    monkeypatch: pytest.MonkeyPatch, own_workers: int, cached: bool
+) -> None:
+    # A loader that mostly waits starts past the CPUs (34 workers on 2 CPUs for remote), or at
+    # the count another machine's run cached. Where this machine cannot start that many (a
+    # process limit: fork fails with EAGAIN), the loop runs the loader's own settings, as it
+    # would have without autotune, and tunes from there (a cached start too): every batch
+    # once, in order, the failure in the report, no configuration that fails run after.
+    if cached:
+        from_cache = (online(LoaderConfig(6)), start.FROM_CACHE, 0.0)
+        monkeypatch.setattr(start, "_start_config", lambda *a: from_cache)
+    tried: list[LoaderConfig] = []
+    real_start = Lane.start
+
+    def failing(self: Lane, stream: Any, **kw: Any) -> None:
+        tried.append(self.config)
+        if self.config.num_workers > own_workers:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        real_start(self, stream, **kw)
+
+    monkeypatch.setattr(Lane, "start", failing)
+    make = lambda: DataLoader(  # noqa: E731
+        SLOW, batch_size=16, num_workers=own_workers, generator=seeded(8)
+    )
+    want = epochs(make(), 2)
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = epochs(auto, 2, step_s=0.004)
+        report = auto.report()
+    assert same(want, got)
+    assert tried[0].num_workers > own_workers, tried  # the start, past the CPUs
+    assert tried[1].num_workers == own_workers, tried
+    assert auto.config.num_workers <= own_workers
+    assert report.trials[0].config == tried[0], report
+    assert "Resource temporarily unavailable" in (report.trials[0].error or ""), report
+    assert any(e.what == f"run {tried[1].label()}" for e in report.events), report.events
+    assert not report.settled or len(report.trials) > 1  # it tuned from there
+
+
+def test_a_stream_s_next_configuration_that_cannot_start_leaves_the_last_one_on() -> None:
+    # A stream changes settings at an epoch's start, on the loop's thread. Should the next
+    # configuration's workers not start, the last epoch's takes the epoch: every item once an
+    # epoch, the failure in the report.
+    want = sorted(float(x) for b in DataLoader(ShardedStream(), batch_size=4) for x in b.flatten())
+    tried: list[LoaderConfig] = []
+    real_start = Lane.start
+
+    def only_the_first(self: Lane, stream: Any, **kw: Any) -> None:
+        tried.append(self.config)
+        if self.config != tried[0]:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        real_start(self, stream, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Lane, "start", only_the_first)
+        with feedrate.autotune(DataLoader(ShardedStream(), batch_size=4), cache=False) as auto:
+            for _ in range(3):
+                got = sorted(float(x) for batch in auto for x in batch.flatten())
+                assert got == want
+            report = auto.report()
+    moves = [c for c in tried if c != tried[0]]
+    assert moves, tried  # a move was tried at an epoch's start, and failed
+    assert auto.config == tried[0]  # the only one that ran
+    failed = [t for t in report.trials if t.error]
+    assert failed and "Cannot allocate memory" in (failed[0].error or ""), report
+    assert any(e.what == f"run {tried[0].label()}" for e in report.events), report.events

@@ -332,6 +332,21 @@ def test_a_lane_that_fails_to_start_is_recorded_and_the_one_in_use_measured_agai
     # queue starts empty, and its first batches are not measured
 
 
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_start_that_fails_tunes_from_the_loader_s_own_settings(settled: bool) -> None:
+    # The start (34 workers, or a count cached elsewhere: settled) did not start; the loader's
+    # own settings run instead, and the search goes on from them, not from the start.
+    tuner = tuner_from(34, settled=settled, stall=0.0 if settled else None)
+    own = online(LoaderConfig(0))
+    tuner.start_failed("Resource temporarily unavailable", 0.5, own, first=True)
+    assert tuner.config == own and not tuner.report.settled
+    assert tuner.space.baseline == own
+    assert tuner.trials[-1].config == online(LoaderConfig(34))
+    assert tuner.trials[-1].error == "did not start: Resource temporarily unavailable"
+    assert tuner.report.events[-1].what == f"run {own.label()}"
+    assert tuner.trial is not None and tuner.trial.config == own
+
+
 # --- the step tune and autotune share ------------------------------------------------------
 
 
@@ -579,18 +594,20 @@ def run_online(
     limit: int = 40,
     epoch: int | None = None,
     start_s: float = 0.0,
+    keeps: bool = False,
 ) -> Settle:
     """Drive ``tuner`` through its trials in a loop it never feeds (a do-nothing loop), the
     pipeline making ``rate(config)`` samples/s in 16-sample batches, each window of a trial
     20% off that pace one way or the other (a noisy machine); the Settle it ends on. Each
     trial runs from an ``epoch``'s start (batches; None: unknown), a lane of new workers
-    taking ``start_s`` to start."""
-    now, running = 0.0, None
+    taking ``start_s`` to start; with ``keeps``, the lane left before is kept."""
+    now, running, left = 0.0, None, None
     action: object = None
     for _ in range(limit):
         tuner.new_epoch(epoch)
         fresh = tuner.config != running
-        running = tuner.config
+        left, running = (running if fresh else left), tuner.config
+        tuner.kept = left if keeps else None
         tuner.lane_started(now, fresh, start_s if fresh else 0.0)
         trial = tuner.trial
         assert trial is not None
@@ -639,19 +656,23 @@ def test_near_ties_within_the_floor_are_not_measured_again() -> None:
     assert not [e for e in tuner.report.events if "measured again" in e.why]
 
 
-@pytest.mark.parametrize(("epoch", "repeats"), [(200, False), (20_000, True)])
+@pytest.mark.parametrize(
+    ("epoch", "keeps", "repeats"), [(200, False, False), (20_000, False, True), (200, True, True)]
+)
 def test_near_ties_are_measured_again_where_finding_out_pays_for_the_workers_start(
-    epoch: int, repeats: bool
+    epoch: int, keeps: bool, repeats: bool
 ) -> None:
     # As above (8 workers 10% ahead of 4, noisy), but a lane of new workers holds the loop
     # 20 s while it starts. In epochs of 200 batches (about 30 s) a gap within the noise is
     # worth a few seconds an epoch: the answer stands without a repeat, and the report says
     # why. In epochs of 20,000 (about 50 min) finding out pays: measured again, 8 stands.
+    # Where the lane of 4 was kept when 8 took over, its repeat starts no worker: measured
+    # again in the short epochs too.
     start = online(LoaderConfig(4))
     space = Space(cpus=4, baseline=start, max_workers=8, consumer=True)
     tuner = OnlineTuner(space, start, "test", settled=False, settled_stall=None, warmup=lambda c: 1)
     settle = run_online(
-        tuner, lambda c: workers_rate(c.num_workers, 1.1), epoch=epoch, start_s=20.0
+        tuner, lambda c: workers_rate(c.num_workers, 1.1), epoch=epoch, start_s=20.0, keeps=keeps
     )
     again = [e for e in tuner.report.events if "measured again" in e.why]
     skipped = [e for e in tuner.report.events if e.what.startswith("not measured again")]

@@ -2,18 +2,17 @@
 
 The training loop is the consumer: the time between two of its ``next()`` calls is its step,
 the time ``next()`` waits is the data stall. ``AutoLoader`` tries configurations on stretches
-of the epoch, keeps the cheapest that removes the stall, then only watches (two readings of the
-clock and the loop's run-queue time a batch), and tunes again when the stall comes back. The
-decisions are ``search.tuner``'s (pure, fed the clock readings); this module runs the lanes,
-reads the clock and probes the processes.
+of the epoch, keeps the cheapest that removes the stall, then only watches (two readings of
+the clock and the loop's run-queue time a batch), and tunes again when the stall comes back.
+The decisions are ``search.tuner``'s (pure); this module runs lanes, clock and probes.
 
 Correctness first, for a map-style dataset with automatic batching: autotune owns the epoch's
 index stream. At each epoch it iterates the user's batch sampler once, as DataLoader would,
-taking index batches as they are asked for (never the whole epoch ahead), and hands consecutive
-runs of them to one DataLoader per configuration (a "lane") through a batch sampler it
-controls. A lane being replaced is given no further indices and drained in order while the next
-lane starts on the following indices, so every batch of the epoch is yielded exactly once, in
-the sampler's order, while worker start-up overlaps the drain.
+taking index batches as they are asked for, and hands runs of them to one DataLoader per
+configuration (a "lane") through a batch sampler it controls. A lane being replaced is given
+no further indices and drained in order while the next lane starts on the following indices,
+so every batch of the epoch is yielded once, in the sampler's order, while worker start-up
+overlaps the drain.
 
 An ``IterableDataset`` (or a loader without automatic batching) yields its own stream, which
 cannot be split between loaders: there, settings change only between epochs, each epoch being
@@ -43,14 +42,14 @@ from feedrate.distributed.node import pinned_apart, share
 from feedrate.loader import libraries
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.config import LoaderConfig
-from feedrate.loader.rebuild import is_iterable_style
+from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import thread_safety
 from feedrate.measuring.runqueue import Mark, Marks, Queued, busy, wait_and_step
 from feedrate.results.autotune import AutotuneReport
-from feedrate.search.actions import Action, CheckThreads, Settle
+from feedrate.search.actions import CheckThreads, Settle
 from feedrate.search.space import Proposal
-from feedrate.search.tuner import BUDGET_S, OnlineTuner
+from feedrate.search.tuner import BUDGET_S, OnlineTuner, online
 
 
 class AutoLoader(delegation.Surface):
@@ -114,10 +113,9 @@ class AutoLoader(delegation.Surface):
             self._job.close()
             self._job, self._joined = None, False
         self._probe.stop()
-        for lane in (self._lane, self._next):
-            if lane is not None:
-                lane.close()
-        self._kept.close()
+        for lanes in (self._lane, self._next, self._kept):  # the kept lane too
+            if lanes is not None:
+                lanes.close()
         self._lane = self._next = self._moving = None
         self._tuner.stopped()
 
@@ -249,25 +247,52 @@ class AutoLoader(delegation.Surface):
 
     def _start_lane(self, stream: Stream | None) -> Lane:
         cfg, lane = self._tuner.config, self._lane
-        fresh = False
+        left = None if lane is None else lane.config  # what the last epoch ran
         if lane is None or lane.config != cfg:
             back, self._lane = self._kept.take(cfg), None
             self._kept.choose(lane, cfg, self._keep_rule)  # the lane left may be kept
             lane = self._lane = back
-        if lane is None:
-            seed = self._seed if self._split else None
-            lane = self._lane = Lane(self._user, cfg, self._split, seed, self._clock)
-            fresh = True
-        delegation.resume(lane.loader, self._resume)
-        self._resume = None
+        fresh = lane is None
+        lane = lane or self._new_lane(cfg)
         called = self._clock()
+        try:
+            self._begin_epoch(lane, stream)
+        except Exception as exc:
+            if not fresh or self._job is not None:
+                raise  # a job's ranks run one configuration: the job stops, every rank told
+            lane = self._fall_back(lane, stream, exc, left)
+        now = self._clock()
+        self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
+        self._follow(lane, now)
+        return lane
+
+    def _new_lane(self, cfg: LoaderConfig) -> Lane:
+        seed = self._seed if self._split else None
+        self._lane = Lane(self._user, cfg, self._split, seed, self._clock)
+        return self._lane
+
+    def _begin_epoch(self, lane: Lane, stream: Stream | None) -> None:
+        delegation.resume(lane.loader, self._resume)  # kept until a lane started
         try:
             lane.start(stream)
         finally:
             self._hangs(lane)
-        now = self._clock()
-        self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
-        self._follow(lane, now)
+        self._resume = None
+
+    def _fall_back(
+        self, lane: Lane, stream: Stream | None, error: Exception, left: LoaderConfig | None
+    ) -> Lane:
+        """A new lane's workers did not start with the epoch (processes, memory, open files):
+        the last epoch's configuration (``left``; else the loader's own, which the loop would
+        have run) takes the epoch, the failure reported. Where that one failed, it stands."""
+        back = left or online(config_of(self._user))
+        lane.close()
+        if back == lane.config:
+            raise error
+        first = left is None and not self._tuner.trials
+        self._tuner.start_failed(str(error), self._clock(), back, first)
+        lane = self._lane = self._kept.take(back) or self._new_lane(back)
+        self._begin_epoch(lane, stream)
         return lane
 
     def _observe(self, lane: Lane, batch: Any, asked: Mark, got: Mark, back: Mark) -> None:
@@ -297,12 +322,12 @@ class AutoLoader(delegation.Surface):
         every rank's figures (``taken``: batches this rank's lanes took from the stream)."""
         now = self._clock()
         processes = self._probe.close(self._tuner.trial, now)
-        action: Action | None
-        if self._job is None:
-            action = self._tuner.conclude(now, processes)
-        else:
+        if self._job is not None:
             action, figures = self._job.conclude(self._tuner, processes, now, taken)
             self._switch_at = figures.switch_at
+        else:  # a repeat of the kept lane's configuration would start no worker
+            self._tuner.kept = None if self._kept.lane is None else self._kept.lane.config
+            action = self._tuner.conclude(now, processes)
         while isinstance(action, CheckThreads):
             run = partial(thread_safety.check, self._user.dataset, action.threads)
             checked = run() if self._job is None else self._job.thread_check(run)

@@ -5,7 +5,7 @@ before the answer stands) and ``keep`` (the lane autotune keeps for a return).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from feedrate.loader.config import LoaderConfig
@@ -111,17 +111,21 @@ def unresolved(space: Space, trials: list[Trial]) -> tuple[Trial, str] | None:
 
 
 def repeat_costs(
-    space: Space, trials: list[Trial], again: Trial, running: LoaderConfig, horizon_s: float
+    space: Space,
+    trials: list[Trial],
+    again: Trial,
+    up: Collection[LoaderConfig],
+    horizon_s: float,
 ) -> tuple[float, float]:
     """While training runs: what measuring ``again`` again costs, and what finding out could
-    save over ``horizon_s`` (s). A repeat of a configuration not ``running`` starts its workers
-    anew, which takes its ``startup_s`` (beside the loop, but from its CPUs); the answer it may
-    change is at most the gap between the fastest and ``choose``'s answer slower (the 32, 52
-    and 72 workers of a remote pipeline, near-tied, cost 2 to 6 s a start for a gap worth under
-    a second an epoch)."""
+    save over ``horizon_s`` (s). A repeat of a configuration whose workers are not ``up`` (the
+    lane running, or one kept for a return) starts them anew, which takes its ``startup_s``
+    (beside the loop, but from its CPUs); the answer it may change is at most the gap between
+    the fastest and ``choose``'s answer slower (the 32, 52 and 72 workers of a remote pipeline,
+    near-tied, cost 2 to 6 s a start for a gap worth under a second an epoch)."""
     top, pick = fastest(eligible(space, trials)), choose(space, trials)
     gap = _gap(top, pick) if top is not None and pick is not None else 0.0
-    return (0.0 if again.config == running else again.startup_s), gap * horizon_s
+    return (0.0 if again.config in up else again.startup_s), gap * horizon_s
 
 
 def _gap(top: Trial, pick: Trial) -> float:

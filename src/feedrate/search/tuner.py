@@ -89,6 +89,7 @@ class OnlineTuner:
         self.watch_due: float | None = None
         self._over = 0  # watch windows in a row over the settled stall
         self._round_began: float | None = None  # when this round of tuning began
+        self.kept: LoaderConfig | None = None  # a drained lane's, its workers up (the caller's)
         self.epoch = 0
         self.batch = 0  # batches seen in this epoch
 
@@ -244,16 +245,28 @@ class OnlineTuner:
         self.moved(action.config, action.why, drain=True)
         self.switched(now)
 
-    def move_failed(self, failed: Proposal, error: str, now: float, running: LoaderConfig) -> None:
+    def move_failed(
+        self, failed: Proposal, error: str, now: float, running: LoaderConfig, what: str = "stay on"
+    ) -> None:
         """A lane of ``failed`` could not start (memory, /dev/shm, open files): recorded; that
         of ``running`` goes on with the epoch's next batches, measured again from ``now``
         after a warm-up (its queue starts empty)."""
         (config, why), self._again, self.pending = failed, None, None
         self.report.config = cfg = running
         self.trials.append(Trial(config, why, error=f"did not start: {error}"))
-        self._event(f"stay on {cfg.label()}", f"{config.label()}: {error}")
+        self._event(f"{what} {cfg.label()}", f"{config.label()}: {error}")
         self.trial = self._timing(cfg, "measured again", self._warmup(cfg))
         self.trial.start(now)
+
+    def start_failed(self, error: str, now: float, running: LoaderConfig, first: bool) -> None:
+        """The lane of the configuration in use could not start with the epoch: as
+        ``move_failed``, ``running``'s lane takes the epoch. At the ``first`` (``running``: the
+        loader's own settings) the search goes on from there, a cached start included."""
+        why = self.trial.reason if self.trial is not None else self.report.started_from
+        if first:
+            self.report.settled = False
+            self.space = replace(self.space, baseline=running)
+        self.move_failed((self.config, why), error, now, running, "run")
 
     def started_again(self, config: LoaderConfig, pids: list[int]) -> None:
         """Workers of ``config`` never started (hung in their fork): all were started again."""
@@ -318,11 +331,12 @@ class OnlineTuner:
     def _unresolved(self) -> tuple[Trial, str] | None:
         """Near-tied leaders to measure again (``unresolved``), where the epoch's length is
         known only while finding out may save more over an epoch at the last trial's pace than
-        the repeat's start of workers costs (``repeat_costs``)."""
+        the repeat's start of workers (none running or ``kept``) costs (``repeat_costs``)."""
         again, n, pace = unresolved(self.space, self.trials), self._epoch_length, self._batch_s
         if again is None or n is None or pace is None:
             return again
-        cost, worth = repeat_costs(self.space, self.trials, again[0], self.config, n * pace)
+        up = (self.config, self.kept or self.config)
+        cost, worth = repeat_costs(self.space, self.trials, again[0], up, n * pace)
         if cost <= worth:
             return again
         self._event(
