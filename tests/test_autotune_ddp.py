@@ -165,13 +165,16 @@ def test_a_settled_rank_waits_for_the_job_s_stall_to_tune_again() -> None:
         space(), ONE, "cached", settled=True, settled_stall=0.0, warmup=lambda c: 0, counted=True
     )
     now = 0.0
-    for _window in range(RETUNE_WINDOWS):
+    # The first window over, read by the clock alone, turns on the run-queue reads (on every
+    # rank: the same job figure); the windows read with them decide.
+    for window in range(1 + RETUNE_WINDOWS):
         for _ in range(WATCH_BATCHES - 1):
             t.observe(8, 0.5, 0.5, now)  # a stall of 50% here, but not decided locally
             assert t.watch_due is None
         t.observe(8, 0.5, 0.5, now)
         assert t.watch_due == pytest.approx(0.5)
         assert t.report.retunes == 0  # the rank waits for the job's figure
+        assert t.wants_queued == (window > 0)
         t.watched(0.6, now)  # the job's stall (the worst rank's)
     assert t.report.retunes == 1 and t.trial is not None
 

@@ -47,6 +47,20 @@ def test_wait_and_step_take_the_queue_of_the_wait_only() -> None:
     assert busy((1.0, 0.5, 0.0), (1.3, 0.6, 0.1)) == pytest.approx(0.1)  # on a CPU in next()
 
 
+def test_a_mark_not_exact_reads_the_clock_alone_and_counts_as_no_queue() -> None:
+    # While autotune watches, a stall under the margin needs no correction: the clock alone.
+    reads: list[str] = []
+    marks = Marks(lambda: 1.0, lambda: reads.append("queued") or 0.5)
+    full = marks()
+    marks.exact = False
+    lean = marks()
+    assert reads == ["queued"] and lean[0] == 1.0
+    later = (1.3, lean[1], lean[2])
+    for asked, got in ((full, later), (lean, later), (lean, (1.3, 0.6, 0.1))):
+        assert wait_and_step(asked, got, (2.0, 0.9, 0.7)) == pytest.approx((0.3, 0.7))
+        assert busy(asked, got) == 0.0
+
+
 def test_a_fake_clock_reads_no_run_queue() -> None:
     fake = iter(range(100)).__next__
     assert beside(fake) is never

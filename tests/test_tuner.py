@@ -767,3 +767,35 @@ def test_no_lane_is_kept_once_settled(monkeypatch: pytest.MonkeyPatch) -> None:
     tuning, settled = tuner_from(8), tuner_from(8, settled=True, stall=0.0)
     assert tuning.keep([kept], going) == kept
     assert settled.keep([kept], going) is None
+
+
+def test_watching_reads_the_run_queue_only_to_confirm_a_stall_come_back() -> None:
+    # Once settled, the clock alone is read: the run-queue time only moves a wait's seconds to
+    # the step, so a stretch under the margin without it is under with it. A stretch over the
+    # margin read without it counts for nothing but turns the reads on; the stretches read
+    # with them decide (two in a row over: tune again), and one under turns them off again.
+    tuner = tuner_from(2, settled=True, stall=0.0)
+    tuner.new_epoch(None)
+    now, seen = 0.0, []
+
+    def stretch(wait: float) -> None:
+        nonlocal now
+        for _ in range(WATCH_BATCHES):
+            now += wait + 0.05
+            tuner.observe(16, wait, 0.05, now)
+        seen.append((tuner.wants_queued, tuner.report.retunes))
+
+    for wait in (0.0, 0.05, 0.0, 0.05, 0.05, 0.05):
+        stretch(wait)
+    assert seen == [(False, 0), (True, 0), (False, 0), (True, 0), (True, 0), (True, 1)]
+
+
+def test_watching_reads_the_run_queue_for_the_reference_stretch() -> None:
+    tuner = tuner_from(2, settled=True, stall=None)  # cached without a stall: one is measured
+    tuner.new_epoch(None)
+    assert tuner.wants_queued
+    now = 0.0
+    for _ in range(WATCH_BATCHES):
+        now += 0.1
+        tuner.observe(16, 0.05, 0.05, now)
+    assert tuner.settled_stall == pytest.approx(0.5) and not tuner.wants_queued

@@ -3,7 +3,7 @@
 The training loop is the consumer: the time between two of its ``next()`` calls is its step,
 the time ``next()`` waits is the data stall. ``AutoLoader`` tries configurations on stretches
 of the epoch, keeps the cheapest that removes the stall, then only watches (two readings of
-the clock and the loop's run-queue time a batch), and tunes again when the stall comes back.
+the clock a batch, ``OnlineTuner.wants_queued``), and tunes again when the stall comes back.
 The decisions are ``search.tuner``'s (pure); this module runs lanes, clock and probes.
 
 Correctness first, for a map-style dataset with automatic batching: autotune owns the epoch's
@@ -282,9 +282,8 @@ class AutoLoader(delegation.Surface):
     def _fall_back(
         self, lane: Lane, stream: Stream | None, error: Exception, left: LoaderConfig | None
     ) -> Lane:
-        """A new lane's workers did not start with the epoch (processes, memory, open files):
-        the last epoch's configuration (``left``; else the loader's own, which the loop would
-        have run) takes the epoch, the failure reported. Where that one failed, it stands."""
+        """A new lane's workers did not start (processes, memory, open files): the last epoch's
+        configuration (``left``; else the loader's own) takes the epoch, the failure reported."""
         back = left or online(config_of(self._user))
         lane.close()
         if back == lane.config:
@@ -301,6 +300,7 @@ class AutoLoader(delegation.Surface):
         wait, step = wait_and_step(asked, got, back)
         now = back[0]
         self._tuner.observe(self._count(batch), wait, step, now, size, busy(asked, got))
+        self._mark.exact = self._tuner.wants_queued
         if self._job is not None and self._tuner.watch_due is not None:
             self._job.watch(self._tuner, now)  # a watch stretch ends on every rank here
         self._follow(lane, now)

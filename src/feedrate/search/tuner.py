@@ -28,11 +28,12 @@ from feedrate.results.autotune import AutotuneReport, Event
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
 from feedrate.results.trial import Trial
+from feedrate.search import watch
 from feedrate.search.actions import Action, CheckThreads, Settle, Try
 from feedrate.search.online_trial import TRIAL_S, WHOLE_EPOCHS, TrialTiming
 from feedrate.search.plan import after_thread_check, next_trial
 from feedrate.search.propose import choose, keep, propose_online, repeat_costs, unresolved
-from feedrate.search.space import Proposal, Space, covers, eligible, fastest
+from feedrate.search.space import Proposal, Space, eligible, fastest
 from feedrate.search.watch import RETUNE_STALL, RETUNE_WINDOWS, WATCH_BATCHES, WATCH_S, Watch
 
 BUDGET_S = 60.0  # the default ``budget_s``: training seconds a round may spend on trials
@@ -157,18 +158,29 @@ class OnlineTuner:
             return
         self.watched(stall, now)
 
+    @property
+    def wants_queued(self) -> bool:
+        """Whether the loop's run-queue and CPU times are read beside the clock: in a trial,
+        and while watching from a stretch read without them over the margin to one under (they
+        only take time from a wait: under the margin without them, it is under with them)."""
+        return self.trial is not None or self.pending is not None or not self._watch.lean
+
     def watched(self, stall: float, now: float) -> None:
         """A watch stretch ended at ``now`` with ``stall`` (counted: the job's, reduced over its
         ranks): the reference, a window over it, or the trigger to tune again."""
         self.watch_due = None
         if self.settled_stall is None:
             self.settled_stall = stall  # the reference: settled earlier, on this loop
+            self._watch.lean = True
         elif stall > max(RETUNE_STALL, self.settled_stall + RETUNE_STALL):
+            if self._watch.lean:  # read without the run-queue time: a stretch with it decides
+                self._watch.lean = False
+                return
             self._over += 1
             if self._over >= RETUNE_WINDOWS:
                 self._retune(stall, now)
         else:
-            self._over = 0
+            self._over, self._watch.lean = 0, True
 
     def trial_done(self, now: float) -> bool:
         """The trial in progress has measured enough to be concluded (counted: a trial of this
@@ -302,11 +314,12 @@ class OnlineTuner:
         return began is not None and now - began >= self.budget_s
 
     def _new_watch(self) -> Watch:
+        lean = self.settled_stall is not None  # the reference stretch is read whole
         if not self.counted:
-            return Watch()
+            return Watch(lean=lean)
         # Batches only, as many as WATCH_S takes at the job's last pace.
         pace = math.ceil(WATCH_S / self._batch_s) if self._batch_s else 0
-        return Watch(need=max(WATCH_BATCHES, pace), counted=True)
+        return Watch(need=max(WATCH_BATCHES, pace), counted=True, lean=lean)
 
     def _next(self, spent: bool) -> Action:
         step = next_trial(
@@ -353,7 +366,7 @@ class OnlineTuner:
         self.settled_stall = best.stall_fraction or 0.0
         if self.counted:  # a stretch as long as the pace just measured needs
             self._watch = self._new_watch()
-        self._event(f"settled on {best.config.label()}", settled_why(best, self.rate))
+        self._event(f"settled on {best.config.label()}", watch.settled_why(best, self.rate))
         return Settle(best.config, self.settled_stall)
 
     def _retune(self, stall: float, now: float) -> None:
@@ -382,18 +395,3 @@ class OnlineTuner:
 
     def _event(self, what: str, why: str) -> None:
         self.report.events.append(Event(self.epoch, self.batch, what, why))
-
-
-def settled_why(best: Trial, rate: float | None) -> str:
-    """Why autotune settled on ``best``, in one sentence."""
-    stall = best.stall_fraction or 0.0
-    pace = "the step" if rate is None else f"the step at rate={rate:,.0f} samples/s"
-    if covers(best):
-        return f"{best.config.label()} keeps {pace} fed ({stall:.0%} stall)"
-    why = f"no configuration tried keeps {pace} fed; {best.config.label()} stalls {stall:.0%}"
-    if rate is not None and best.samples_per_s < rate and (best.stall_fraction or 0) > 0:
-        why += (
-            f" (the loop took {best.samples_per_s:,.0f} samples/s: a loader faster than its "
-            "loop cannot be measured)"
-        )
-    return why

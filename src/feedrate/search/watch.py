@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from feedrate.search.space import STALL_MARGIN
+from feedrate.results.trial import Trial
+from feedrate.search.space import STALL_MARGIN, covers
 
 #: While watching: the stall over a stretch of at least this many batches and seconds, above
 #: ``RETUNE_STALL``, starts tuning again.
@@ -24,6 +25,8 @@ class Watch:
 
     need: int = WATCH_BATCHES
     counted: bool = False
+    #: Read by the clock alone (``OnlineTuner.wants_queued``).
+    lean: bool = False
     waited: float = 0.0
     stepped: float = 0.0
     batches: int = 0
@@ -39,3 +42,18 @@ class Watch:
         stall = self.waited / total
         self.waited, self.stepped, self.batches = 0.0, 0.0, 0
         return stall
+
+
+def settled_why(best: Trial, rate: float | None) -> str:
+    """Why autotune settled on ``best``, in one sentence."""
+    stall = best.stall_fraction or 0.0
+    pace = "the step" if rate is None else f"the step at rate={rate:,.0f} samples/s"
+    if covers(best):
+        return f"{best.config.label()} keeps {pace} fed ({stall:.0%} stall)"
+    why = f"no configuration tried keeps {pace} fed; {best.config.label()} stalls {stall:.0%}"
+    if rate is not None and best.samples_per_s < rate and (best.stall_fraction or 0) > 0:
+        why += (
+            f" (the loop took {best.samples_per_s:,.0f} samples/s: a loader faster than its "
+            "loop cannot be measured)"
+        )
+    return why
