@@ -8,6 +8,8 @@ Epochs alternate (ABBA); the main process's CPU time per batch, median over the 
 printed. ``--profile`` adds a profile of one watching epoch (``PROFILE_FILTER=feedrate``: its
 functions alone). ``--workers N``: both loaders with
 N persistent workers (prefetch 2), so what the main process does to receive batches is in both.
+Last, what one of autotune's marks costs (``timeit``): with the loop thread's run-queue and CPU
+times, and by the clock alone (what a settled autotune reads while the stall stays low).
 
     python benchmarks/watch_cost.py
     python benchmarks/watch_cost.py --epochs 10 --profile
@@ -24,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+import timeit
 from typing import Any
 
 import torch
@@ -34,6 +37,7 @@ import feedrate
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine import cache
 from feedrate.machine.facts import collect
+from feedrate.measuring.runqueue import Marks
 
 DATA = TensorDataset(torch.arange(20000.0))
 
@@ -51,6 +55,20 @@ def epoch_cpu(loader: Any) -> float:
     for _ in loader:
         pass
     return time.process_time() - began
+
+
+def mark_costs(calls: int = 200_000) -> str:
+    """What one of autotune's marks costs the loop's thread, with the run-queue and CPU times
+    (in a trial, or confirming a stall) and by the clock alone (watching under the margin)."""
+    marks = Marks(time.perf_counter)
+    marks()
+    exact = timeit.timeit(marks, number=calls) / calls
+    marks.exact = False
+    lean = timeit.timeit(marks, number=calls) / calls
+    return (
+        f"a mark (two a batch): {exact * 1e6:.2f} µs with the run-queue and CPU times, "
+        f"{lean * 1e6:.2f} µs by the clock alone"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             f"plain {per['plain']:.1f} µs, autotune watching {per['autotune']:.1f} µs "
             f"(+{per['autotune'] - per['plain']:.1f} µs); re-tunes {auto.report().retunes}"
         )
+        print(mark_costs())
         if args.profile:
             prof = cProfile.Profile()
             prof.enable()

@@ -795,7 +795,20 @@ def test_watching_reads_the_run_queue_for_the_reference_stretch() -> None:
     tuner.new_epoch(None)
     assert tuner.wants_queued
     now = 0.0
-    for _ in range(WATCH_BATCHES):
+    for _ in range(2 + 2 + WATCH_BATCHES):  # the lane's warm-up left out, then a stretch
         now += 0.1
         tuner.observe(16, 0.05, 0.05, now)
     assert tuner.settled_stall == pytest.approx(0.5) and not tuner.wants_queued
+
+
+def test_the_reference_stretch_leaves_out_the_lane_s_warm_up() -> None:
+    # A cached setting without its stall (tune's): the first stretch measures it. A lane's
+    # prefetched batches come at once (its warm-up: 36 batches with 12 workers, pf=2), which
+    # would read as a lower stall than the loop's, and every later stretch as a stall back.
+    tuner = tuner_from(2, settled=True, stall=None)  # a warm-up of 2 + 2 batches
+    tuner.new_epoch(None)
+    now = 0.0
+    for wait in [0.0] * 4 + [0.05] * WATCH_BATCHES:
+        now += wait + 0.05
+        tuner.observe(16, wait, 0.05, now)
+    assert tuner.settled_stall == pytest.approx(0.5)

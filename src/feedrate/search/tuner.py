@@ -314,12 +314,14 @@ class OnlineTuner:
         return began is not None and now - began >= self.budget_s
 
     def _new_watch(self) -> Watch:
-        lean = self.settled_stall is not None  # the reference stretch is read whole
+        # The reference stretch is read whole, after the lane's warm-up (a burst of batches).
+        lean = self.settled_stall is not None
+        skip = 0 if lean else self._warmup(self.config)
         if not self.counted:
-            return Watch(lean=lean)
+            return Watch(lean=lean, skip=skip)
         # Batches only, as many as WATCH_S takes at the job's last pace.
         pace = math.ceil(WATCH_S / self._batch_s) if self._batch_s else 0
-        return Watch(need=max(WATCH_BATCHES, pace), counted=True, lean=lean)
+        return Watch(need=max(WATCH_BATCHES, pace), counted=True, lean=lean, skip=skip)
 
     def _next(self, spent: bool) -> Action:
         step = next_trial(

@@ -27,12 +27,17 @@ class Watch:
     counted: bool = False
     #: Read by the clock alone (``OnlineTuner.wants_queued``).
     lean: bool = False
+    #: Batches left out first: a lane's warm-up, whose prefetched batches come at once.
+    skip: int = 0
     waited: float = 0.0
     stepped: float = 0.0
     batches: int = 0
 
     def add(self, wait: float, step: float) -> float | None:
         """The stall of the stretch this batch completes (the next one begins), else None."""
+        if self.skip > 0:
+            self.skip -= 1
+            return None
         self.waited += wait
         self.stepped += step
         self.batches += 1
