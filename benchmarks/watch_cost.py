@@ -8,7 +8,8 @@ Epochs alternate (ABBA); the main process's CPU time per batch, median over the 
 printed. ``--profile`` adds a profile of one watching epoch (``PROFILE_FILTER=feedrate``: its
 functions alone). ``--workers N``: both loaders with
 N persistent workers (prefetch 2), so what the main process does to receive batches is in both.
-Last, what one of autotune's marks costs (``timeit``): with the loop thread's run-queue and CPU
+Then the stall of each of autotune's watch windows, by the clock alone or with the run-queue
+time, and what one of its marks costs (``timeit``): with the loop thread's run-queue and CPU
 times, and by the clock alone (what a settled autotune reads while the stall stays low).
 
     python benchmarks/watch_cost.py
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         # with is left to the first watch window to measure, or it would read as come back.
         cache.save(cache.key(facts, make(w), options), settled | ({} if w else {"stall": 0.0}))
         plain, auto = make(w), feedrate.autotune(make(w), machine=facts)
+        windows: list[tuple[float, bool]] = []  # each watch window's stall, read by the clock
+        watched = auto._tuner.watched  # alone or not (before the window's verdict)
+        auto._tuner.watched = lambda stall, now: (  # type: ignore[method-assign]
+            windows.append((stall, auto._tuner._watch.lean)),
+            watched(stall, now),
+        )
         epoch_cpu(plain), epoch_cpu(auto)  # warm
         cpu: dict[str, list[float]] = {"plain": [], "autotune": []}
         for r in range(args.epochs):
@@ -102,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             f"plain {per['plain']:.1f} µs, autotune watching {per['autotune']:.1f} µs "
             f"(+{per['autotune'] - per['plain']:.1f} µs); re-tunes {auto.report().retunes}"
         )
+        print(f"the reference window (the first): {windows[0][0]:.3f}" if windows else "")
+        for lean in (True, False):
+            read = [f"{x:.3f}" for x, by_clock in windows[1:] if by_clock == lean]
+            what = "by the clock alone" if lean else "with the run-queue time"
+            print(f"windows read {what}: {len(read)}: {', '.join(read)}")
         print(mark_costs())
         if args.profile:
             prof = cProfile.Profile()
