@@ -113,9 +113,9 @@ class AutoLoader(delegation.Surface):
             self._job.close()
             self._job, self._joined = None, False
         self._probe.stop()
-        for lanes in (self._lane, self._next, self._kept):  # the kept lane too
-            if lanes is not None:
-                lanes.close()
+        for held in (self._lane, self._next, self._kept):  # each holds workers
+            if held is not None:
+                held.close()
         self._lane = self._next = self._moving = None
         self._tuner.stopped()
 
