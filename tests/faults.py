@@ -168,6 +168,64 @@ def with_small_shm(megabytes: int, *argv: str, timeout_s: float = 60.0) -> Any:
     )
 
 
+#: Where this machine's pids controller lets a test make a cgroup of its own (v1, then v2).
+PIDS_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
+
+
+def pids_root() -> Path | None:
+    """Where a test may make a cgroup with a ``pids.max`` of its own here, or None."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    for root in PIDS_ROOTS:
+        probe = root / f"feedrate-probe-{os.getpid()}"
+        with contextlib.suppress(OSError):
+            probe.mkdir()
+            try:
+                if (probe / "pids.max").exists():
+                    return root
+            finally:
+                probe.rmdir()
+    return None
+
+
+def pids_limit_unavailable() -> str | None:
+    """Why a test cannot run a command under a ``pids.max`` of its own here, or None."""
+    if pids_root() is not None:
+        return None
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "a cgroup with a pids limit needs root"
+    return "no writable cgroup pids controller here (cgroup v1 pids, or v2 with pids enabled)"
+
+
+@contextlib.contextmanager
+def pids_limited(more: int) -> Iterator[Path]:
+    """A fresh cgroup whose ``pids.max`` leaves ``more`` tasks to whatever is moved into it (its
+    ``cgroup.procs``): the tests' ``pids_limit_unavailable`` decides where. Removed after."""
+    root = pids_root()
+    assert root is not None, pids_limit_unavailable()
+    group = root / f"feedrate-test-{os.getpid()}-{time.monotonic_ns()}"
+    group.mkdir()
+    try:
+        (group / "pids.max").write_text(f"{more}\n")
+        yield group
+    finally:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # its last tasks may still be exiting
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                break
+            time.sleep(0.1)
+
+
+def run_in(group: Path, *argv: str, timeout_s: float = 120.0) -> Any:
+    """Run ``argv`` inside the cgroup ``group`` (moved there before it starts). A
+    CompletedProcess."""
+    script = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
+    return subprocess.run(
+        ["sh", "-c", script, "sh", *argv], capture_output=True, text=True, timeout=timeout_s
+    )
+
+
 def open_storage_client(worker_id: int) -> None:
     """A worker_init_fn that takes 1.5 s, as opening a storage client in every worker does."""
     time.sleep(1.5)

@@ -768,7 +768,7 @@ def test_a_stream_s_next_configuration_that_cannot_start_leaves_the_last_one_on(
             report = auto.report()
     moves = [c for c in tried if c != tried[0]]
     assert moves, tried  # a move was tried at an epoch's start, and failed
-    assert auto.config == tried[0]  # the only one that ran
+    assert auto.config not in moves  # none that failed (then the one that ran, or no workers)
     failed = [t for t in report.trials if t.error]
     assert failed and "Cannot allocate memory" in (failed[0].error or ""), report
     assert any(e.what == f"run {tried[0].label()}" for e in report.events), report.events

@@ -148,3 +148,17 @@ def test_a_cached_answer_names_the_target_asked_about() -> None:
     again = tune(loader, budget_s=10, trial_seconds=0.2, target="b.py:loader", max_workers=2)
     assert not first.from_cache and again.from_cache
     assert again.target == "b.py:loader" and again.baseline.config == first.baseline.config
+
+
+def test_a_cached_answer_over_the_tasks_left_now_is_tuned_again() -> None:
+    # Cached where nothing limited processes, read in a container whose pids.max leaves 40
+    # tasks (80%: 8 workers of 4): its 32 workers would not start, so tune searches again.
+    loader = DataLoader(TinyDataset(1024), batch_size=8)
+    roomy = replace(collect(), tasks_free=None)
+    key = key_tune_looks_up(loader, roomy)
+    cache.save(key, tune_answer(LoaderConfig(32, prefetch_factor=2), roomy))
+    assert tune(loader, machine=roomy, budget_s=10, trial_seconds=0.2).from_cache
+    few = replace(roomy, tasks_free=40)
+    assert key_tune_looks_up(loader, few) == key  # the same machine, a limit now
+    again = tune(loader, machine=few, budget_s=10, trial_seconds=0.2)
+    assert not again.from_cache and again.best.config.num_workers <= 8

@@ -16,6 +16,7 @@ from feedrate.checks.machine import (
     pin_memory_finding,
     pin_memory_unused_finding,
     shm_finding,
+    task_limit_finding,
 )
 from feedrate.checks.tune import check_failed_finding
 from feedrate.checks.workers import (
@@ -227,6 +228,22 @@ def test_shm_too_small() -> None:
     assert shm_finding(cfg, machine(shm_free_bytes=None), MiB) is None
     ours = shm_finding(cfg, machine(shm_free_bytes=MiB), MiB, suggested=True)
     assert ours is not None and "the suggested 4 workers" in ours.message
+
+
+def test_task_limit_names_the_processes_and_threads_left() -> None:
+    cfg = LoaderConfig(32, prefetch_factor=2)  # 32 workers of about 4 tasks: 128
+    low = task_limit_finding(cfg, machine(tasks_free=100))
+    assert low is not None and low.id == "task-limit" and low.severity == "error"
+    assert "only 100 more processes and threads" in low.message
+    assert "Resource temporarily unavailable" in low.message
+    assert "num_workers=20 or fewer" in low.fix and "--pids-limit" in low.fix
+    near = task_limit_finding(cfg, machine(tasks_free=150))
+    assert near is not None and near.severity == "warning"
+    assert task_limit_finding(cfg, machine(tasks_free=10_000)) is None
+    assert task_limit_finding(cfg, machine(tasks_free=None)) is None
+    assert task_limit_finding(LoaderConfig(0), machine(tasks_free=0)) is None
+    threaded = task_limit_finding(LoaderConfig(4, threads=64), machine(tasks_free=250))
+    assert threaded is not None and "about 67 each (268)" in threaded.message
 
 
 def test_fd_limit_under_the_file_descriptor_strategy() -> None:

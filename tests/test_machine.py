@@ -16,6 +16,7 @@ from feedrate.machine.facts import (
     cgroup_cpu_quota,
     cgroup_memory_limit,
     collect,
+    tasks_free,
 )
 
 
@@ -166,6 +167,56 @@ def test_v1_memory_limit(tmp_path: Path, limit: str, expected: int | None) -> No
     assert cgroup_memory_limit(root, proc) == expected
 
 
+def no_nproc_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY,) * 2)
+
+
+def test_v2_tasks_left_under_the_tightest_pids_max(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_nproc_limit(monkeypatch)
+    root, proc = v2_tree(tmp_path, "/pod/box")
+    write(root / "pod/box/pids.max", "max")
+    write(root / "pod/box/pids.current", "12")
+    write(root / "pod/pids.max", "1024")
+    write(root / "pod/pids.current", "1000")  # others in the pod hold most of it
+    assert tasks_free(root, proc) == 24
+    write(root / "pod/pids.max", "max")
+    assert tasks_free(root, proc) is None
+
+
+def test_v1_tasks_left_and_a_full_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nproc_limit(monkeypatch)
+    root, proc = tmp_path / "cgroup", tmp_path / "proc_self_cgroup"
+    write(proc, "8:pids:/docker/abc\n0::/")
+    write(root / "pids/docker/abc/pids.max", "100")
+    write(root / "pids/docker/abc/pids.current", "130")  # lowered below what runs: none left
+    assert tasks_free(root, proc) == 0
+
+
+def test_tasks_left_under_ulimit_u_for_a_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import resource
+
+    import psutil
+
+    root, proc = v2_tree(tmp_path)
+    mine = sum(
+        p.info["num_threads"] or 1
+        for p in psutil.process_iter(["uids", "num_threads"])
+        if p.info["uids"] is not None and p.info["uids"].real == os.getuid()
+    )
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (mine + 500, mine + 500))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert abs((tasks_free(root, proc) or 0) - 500) <= 20  # threads come and go meanwhile
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root is not held to it
+    assert tasks_free(root, proc) is None
+
+
 @pytest.mark.parametrize(
     ("affinity", "quota", "expected"),
     [(8, 2.0, 2), (2, 16.0, 2), (8, 2.7, 2), (8, 0.5, 1), (8, None, 8), (4, 4.0, 4), (0, None, 1)],
@@ -184,6 +235,7 @@ def test_collect_uses_injected_cgroup_tree(tmp_path: Path) -> None:
     assert facts.memory_limit_bytes == 536870912
     assert facts.shm_total_bytes is None
     assert facts.shm_free_bytes is None
+    assert facts.tasks_free is None or facts.tasks_free >= 0
 
 
 def test_collect_on_this_machine() -> None:
@@ -230,6 +282,12 @@ def test_from_dict_ignores_unknown_keys() -> None:
     d = facts.to_dict()
     d["added_in_a_later_version"] = {"x": 1}
     assert MachineFacts.from_dict(d) == facts
+
+
+def test_from_dict_reads_facts_written_before_a_field_with_a_default() -> None:
+    d = collect().to_dict()
+    del d["tasks_free"]  # facts cached by a version before it
+    assert MachineFacts.from_dict(d).tasks_free is None
 
 
 def test_from_dict_rejects_missing_fields_and_bad_accelerator() -> None:

@@ -4,6 +4,7 @@ everything, whatever side of the CPU count it lies on."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -268,6 +269,67 @@ def test_open_file_budget_predicted() -> None:
     assert predict_over_budget(s, trials, LoaderConfig(16)) is None
     reason = predict_over_budget(s, trials, LoaderConfig(128))
     assert reason is not None and "open files" in reason
+
+
+def test_tasks_budget_predicted_and_bounds_the_step() -> None:
+    s = space(cpus=2, max_workers=512, tasks_budget=100)  # 25 workers of 4 tasks
+    trials = [make_trial(LoaderConfig(2), "x", latency_bound()(LoaderConfig(2)), None)]
+    assert predict_over_budget(s, trials, LoaderConfig(25)) is None
+    reason = predict_over_budget(s, trials, LoaderConfig(26))
+    assert reason is not None and "processes and threads" in reason
+    assert predict_over_budget(s, trials, LoaderConfig(2, threads=64)) is not None
+    best, trials = run(s, latency_bound(ceiling=50_000))
+    assert all(t.config.num_workers <= 25 for t in trials)
+    assert best.config.num_workers == 25  # x16 from 2 would be 32, over the budget
+    assert any("processes and threads" in t.reason for t in trials)
+
+
+def failing_from(limit: int, model: Model) -> Model:
+    """``model``, whose configurations of ``limit`` workers or more cannot start."""
+
+    def failing(cfg: LoaderConfig) -> Figures:
+        if cfg.num_workers >= limit:
+            raise OSError(11, "Resource temporarily unavailable")
+        return model(cfg)
+
+    return failing
+
+
+def run_failing(space: Space, model: Model, consumer: float | None = None) -> list[Trial]:
+    trials = [make_trial(space.baseline, "yours", model(space.baseline), consumer)]
+    while (proposal := propose(space, trials)) is not None and len(trials) < 60:
+        try:
+            trials.append(make_trial(*proposal, model(proposal[0]), consumer))
+        except OSError as exc:
+            trials.append(Trial(*proposal, error=f"did not start: {exc}"))
+    return trials
+
+
+@pytest.mark.parametrize(("limit", "consumer"), [(120, None), (30, 20_000.0)])
+def test_a_start_that_failed_bounds_the_climb_half_way_to_it(
+    limit: int, consumer: float | None
+) -> None:
+    # A limit no budget saw (a process limit): the climb does not end at the last count that
+    # started; it bisects towards the one that failed, and never goes past a failure.
+    s = space(cpus=2, max_workers=512, consumer=consumer is not None)
+    trials = run_failing(s, failing_from(limit, latency_bound(ceiling=50_000)), consumer)
+    failed = [t.config.num_workers for t in trials if t.error]
+    assert failed and all(f >= limit for f in failed)
+    assert all(a > b for a, b in itertools.pairwise(failed))  # each lower than the last
+    best = choose(s, trials)
+    assert best is not None and best.config.num_workers >= 0.8 * limit
+    assert any("the midpoint to the" in t.reason for t in trials)
+
+
+def test_consumer_mode_steps_to_the_memory_budget_not_past_it() -> None:
+    # The count the pace asks for is over the memory budget: the most that fit, not a stop.
+    model = latency_bound(ceiling=50_000)
+    big = lambda cfg: Figures(**{**model(cfg).__dict__, "worker_uss": 100 * 2**20})  # noqa: E731
+    s = space(cpus=2, max_workers=512, memory_budget=4 * 2**30, consumer=True)
+    best, trials = run(s, big, consumer=8000.0)
+    assert best.config.num_workers == 39  # (4 GiB - 100 MiB) / 100 MiB
+    assert not any(t.skipped for t in trials)
+    assert "up to 39: the memory budget" in best.reason
 
 
 def test_starved_workers_are_cpu_bound_not_latency_bound() -> None:

@@ -27,7 +27,7 @@ from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring.diagnosis import explain, hint, shm_exhausted
 from feedrate.measuring.shm import main_process_batch
 from feedrate.workflows import doctor as doctoring
-from feedrate.workflows.doctor_trials import refuse_shm_overflow
+from feedrate.workflows.doctor_trials import refuse_overflow
 
 from faults import (
     BigSamples,
@@ -188,10 +188,10 @@ def test_tune_does_not_start_a_configuration_that_would_overflow() -> None:
     small = facts(shm_free_bytes=8 * MiB)
     config = LoaderConfig(4, prefetch_factor=4)
     with pytest.raises(PipelineError, match=r"w=4 pf=4 not started, shm-too-small: .* --shm-size"):
-        refuse_shm_overflow(loader, config, small)
+        refuse_overflow(loader, config, small)
     assert set(dataset.pids) == {os.getpid()}  # sized in the main process, no worker started
-    refuse_shm_overflow(loader, config, facts(shm_free_bytes=2**34))
-    refuse_shm_overflow(loader, LoaderConfig(0), small)
+    refuse_overflow(loader, config, facts(shm_free_bytes=2**34))
+    refuse_overflow(loader, LoaderConfig(0), small)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")

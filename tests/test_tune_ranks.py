@@ -101,6 +101,7 @@ def test_each_rank_decides_within_its_share_of_the_node() -> None:
         assert half.memory_available_bytes == node.memory_available_bytes // 2
     if node.shm_free_bytes is not None:
         assert half.shm_free_bytes == node.shm_free_bytes // 2
+    assert share(replace(node, tasks_free=1001), 2).tasks_free == 500  # one pids.max per node
     assert share(node, 1) is node
 
 

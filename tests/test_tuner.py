@@ -288,16 +288,17 @@ def test_the_budget_stops_a_round() -> None:
     assert isinstance(loop.actions[0], Settle)
 
 
-def test_a_configuration_predicted_over_the_memory_budget_is_skipped() -> None:
-    # 100 MiB a worker, 200 MiB the main process: 4 workers fit 600 MiB, 8 would not.
-    tuner = tuner_from(4, memory_budget=600 * MiB)
+def test_more_workers_stop_at_the_memory_budget_not_short_of_it() -> None:
+    # 100 MiB a worker, 200 MiB the main process: 7 workers fit 900 MiB, 8 would not. Starved
+    # at 4, the step up goes to the 7 that fit (it used to aim past them, skip, and stop at 4).
+    tuner = tuner_from(4, memory_budget=900 * MiB)
     loop = Loop(tuner, batch_s=0.4, step_s=0.01)  # starved at 4: more workers would help
     loop.epoch(60)
-    skipped = [t for t in tuner.trials if t.skipped]
-    assert skipped and all(t.config.num_workers > 4 for t in skipped)
-    assert "predicted memory" in (skipped[0].skipped or "")
-    tried = [e.what for e in tuner.report.events if e.what.startswith("try ")]
-    assert not any(f"try {t.config.label()}" in tried for t in skipped)
+    tried = [t.config.num_workers for t in tuner.trials]
+    assert 7 in tried and max(tried) == 7, tried
+    assert not any(t.skipped for t in tuner.trials)
+    seven = next(t for t in tuner.trials if t.config.num_workers == 7)
+    assert "up to 7: the memory budget" in seven.reason
 
 
 def test_threads_are_tried_only_after_the_check_the_tuner_asks_for() -> None:

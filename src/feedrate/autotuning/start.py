@@ -29,7 +29,7 @@ from feedrate.measuring.shm import MainBatch, main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
 from feedrate.search.scaling import map_start, stream_start
-from feedrate.search.space import Space
+from feedrate.search.space import Space, most_workers
 from feedrate.search.tuner import OnlineTuner, online
 
 #: A map-style loader starts above one worker per CPU only when its first batch was on a CPU at
@@ -185,8 +185,8 @@ def _start_config(
     keys: list[str],
     first: Callable[[], MainBatch | None],
 ) -> tuple[LoaderConfig, str, float | None]:
-    """The cached settings under ``keys`` (autotune's own first; within max_workers and
-    allow_threads), else yours when they use workers, else one worker per usable CPU with
+    """The cached settings under ``keys`` (autotune's own first; within max_workers, the tasks
+    budget and allow_threads), else yours when they use workers, else one worker per usable CPU with
     your other settings, or more for a loader that mostly waits: a stream whose probe workers
     did (``space.busy_worker_cpu``: its first epoch runs whole on the count it starts at), or
     a map-style loader whose ``first`` batch, made in this process, did (its first trial at
@@ -194,20 +194,25 @@ def _start_config(
     for key in keys:
         doc = cache.load(key)
         config = _cached_config(doc)
-        fits = config is not None and config.num_workers <= space.max_workers
+        fits = config is not None and config.num_workers <= most_workers(space, config.threads)
         if config is not None and fits and (config.threads == 1 or space.allow_threads):
             stall = doc.get("stall") if doc and key == keys[0] else None
             return online(config), FROM_CACHE, stall if isinstance(stall, float) else None
     own = config_of(loader)
     if own.num_workers > 0:
-        capped = replace(own, num_workers=min(own.num_workers, max(1, space.max_workers)))
-        return online(capped), "your settings", None
-    w = min(facts.cpus_usable, space.max_workers)
+        most = max(1, most_workers(space))
+        if own.num_workers <= most:
+            return online(own), "your settings", None
+        limit = "task-limit" if most < space.max_workers else "max_workers, or an epoch's batches"
+        why = f"your settings, lowered from {own.num_workers} workers to {most} ({limit})"
+        return online(replace(own, num_workers=most)), why, None
+    most = most_workers(space)
+    w = min(facts.cpus_usable, most)
     why = f"{w} workers, one per usable CPU"
-    waiting = stream_start(facts.cpus_usable, space.busy_worker_cpu, space.max_workers)
+    waiting = stream_start(facts.cpus_usable, space.busy_worker_cpu, most)
     if waiting is None and w > 0 and not is_iterable_style(loader):
         share = waiting_share(first())
-        waiting = map_start(facts.cpus_usable, share, space.max_workers)
+        waiting = map_start(facts.cpus_usable, share, most)
     if waiting is not None:
         w, why = waiting.workers, waiting.what
     start = replace(own, num_workers=w, prefetch_factor=2 if w else None)

@@ -1,5 +1,6 @@
 """Rules about the machine's resources against the settings: pinned memory without an accelerator
-or unused, the CPU quota, /dev/shm and the open-file limit. Pure functions.
+or unused, the CPU quota, /dev/shm, the open-file limit and the processes and threads left to
+start. Pure functions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from feedrate.search.space import (
     FDS_PER_BATCH,
     FDS_PER_WORKER,
     SHM_HEADROOM,
+    TASKS_PER_WORKER,
+    tasks,
 )
 from feedrate.units import size
 
@@ -200,6 +203,60 @@ def fd_limit_finding(
     )
 
 
+def limit_findings(
+    config: LoaderConfig, machine: dict[str, Any], tensors_per_batch: int | None
+) -> tuple[Finding | None, Finding | None]:
+    """``fd_limit_finding`` and ``task_limit_finding`` of ``config``."""
+    return fd_limit_finding(config, machine, tensors_per_batch), task_limit_finding(config, machine)
+
+
+def refusal(config: LoaderConfig, machine: dict[str, Any], batch_bytes: int | None) -> str | None:
+    """Why a run of ``config`` is not started: its workers need more processes and threads than
+    are left (``task_limit_finding`` at error), or its batches in flight, of ``batch_bytes``
+    each, are predicted to overflow /dev/shm (``shm_finding``); None when it may start."""
+    if task_limit_finding(config, machine, at="error") is not None:
+        return (
+            f"not started: its {config.num_workers} workers need about {tasks(config)} processes "
+            f"and threads, more than the {machine.get('tasks_free')} left (see task-limit)"
+        )
+    if batch_bytes is None or not shm_finding(config, machine, batch_bytes):
+        return None
+    return (
+        f"not started: its {config.queue_depth} batches of {size(batch_bytes)} in flight would "
+        "overflow /dev/shm (see shm-too-small)"
+    )
+
+
+def task_limit_finding(
+    config: LoaderConfig, machine: dict[str, Any], *, at: str = "warning"
+) -> Finding | None:
+    """The processes and threads left to start (the cgroup's ``pids.max``, ``ulimit -u``)
+    against those ``config``'s workers hold: about ``TASKS_PER_WORKER`` each, their threads
+    included. ``at="error"``: only a finding that they do not fit."""
+    free = machine.get("tasks_free")
+    if free is None or config.num_workers == 0:
+        return None
+    need = tasks(config)
+    if need <= (free if at == "error" else free * FD_WARN_SHARE):
+        return None
+    each = need // config.num_workers
+    fits = max(0, int(free * FD_WARN_SHARE) // each)
+    return Finding(
+        "task-limit",
+        "error" if need > free else "warning",
+        f"only {free} more processes and threads may start here (the cgroup's pids.max or "
+        f"ulimit -u), and {config.label()} starts {config.num_workers} worker processes of "
+        f"about {each} each ({need}): "
+        + (
+            "expect 'Resource temporarily unavailable' when they start"
+            if need > free
+            else "close to 'Resource temporarily unavailable'"
+        ),
+        f"num_workers={fits} or fewer, or raise the limit (docker run --pids-limit, the "
+        "kubelet's podPidsLimit, ulimit -u)",
+    )
+
+
 #: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
 DOCS = (
     FindingDoc(
@@ -298,5 +355,28 @@ DOCS = (
             '`torch.multiprocessing.set_sharing_strategy("file_system")`.'
         ),
         severity="error when the files needed exceed the limit; warning above 80% of it",
+    ),
+    FindingDoc(
+        id="task-limit",
+        title="Close to the limit of processes and threads",
+        means=(
+            "Every worker is a process with a few threads, and a container's `pids.max` (Docker's "
+            "`--pids-limit`, the kubelet's `podPidsLimit`) or the user's `ulimit -u` counts each. "
+            "Near that limit, starting the workers fails with 'Resource temporarily unavailable' "
+            "(EAGAIN from `fork`, or 'can't start new thread')."
+        ),
+        evidence=(
+            "From `doctor` and `tune`: the tasks left to start (`tasks_free` in `feedrate env`: "
+            "`pids.max` less `pids.current` of the cgroup and its ancestors, and for a user other "
+            f"than root `ulimit -u` less that user's tasks) against {TASKS_PER_WORKER} per worker "
+            "and its threads (a threaded worker's `threads` - 1 more). `tune` and `autotune` "
+            "plan within 80% of them, split between the ranks of a node, and after a start that "
+            "failed go no higher than half way to it."
+        ),
+        fix=(
+            "Fewer workers (the message gives a count), or raise the limit: `docker run "
+            "--pids-limit`, the kubelet's `podPidsLimit`, `ulimit -u`."
+        ),
+        severity="error when the workers need more than are left; warning above 80% of it",
     ),
 )

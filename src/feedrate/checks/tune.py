@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from feedrate.checks.bottleneck import bottleneck_finding
-from feedrate.checks.machine import cpu_quota_finding, pin_memory_finding
+from feedrate.checks.machine import cpu_quota_finding, pin_memory_finding, task_limit_finding
 from feedrate.checks.workers import startup_finding, worker_count_finding, workers_past_cpus_finding
 from feedrate.results.findings import Finding, FindingDoc, by_severity
 from feedrate.results.trial import Trial
@@ -87,6 +87,7 @@ def tune_findings(
         workers_past_cpus_finding(baseline, best, space.cpus),
         startup_finding(baseline, epoch_samples),
         cpu_quota_finding(machine),
+        task_limit_finding(best.config, machine) or task_limit_finding(baseline.config, machine),
         skipped_finding(trials),
         failed_trials_finding(trials),
     ]

@@ -1,8 +1,9 @@
 """Each rank's share of its node: the local ranks share its CPUs, memory (pinned memory
-included, which is taken from it), /dev/shm and open files, so a rank deciding for itself
-decides within ``1 / local_world`` of each. Ranks pinned each to its own CPUs (``taskset``,
-``numactl``, a launcher's binding) already see only theirs: the node's CPUs are then those of
-all its ranks together (``Ranks.node_cpus``), and a rank's share is never more than its own."""
+included, which is taken from it), /dev/shm, open files and the tasks its cgroup or user may
+start, so a rank deciding for itself decides within ``1 / local_world`` of each. Ranks pinned
+each to its own CPUs (``taskset``, ``numactl``, a launcher's binding) already see only theirs:
+the node's CPUs are then those of all its ranks together (``Ranks.node_cpus``), and a rank's
+share is never more than its own."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def _part(value: int | None, ranks: int) -> int | None:
 
 def share(facts: MachineFacts, local_world: int, node_cpus: int | None = None) -> MachineFacts:
     """``facts`` (this rank's) as one of ``local_world`` ranks sees them: CPUs (at least one),
-    memory, /dev/shm and open files divided between the ranks of the node. ``node_cpus``: the
+    memory, /dev/shm, open files and the tasks left to start divided between the ranks of the
+    node. ``node_cpus``: the
     CPUs the node's ranks may run on together (default: this rank's), within the quota."""
     if local_world <= 1:
         return facts
@@ -31,6 +33,7 @@ def share(facts: MachineFacts, local_world: int, node_cpus: int | None = None) -
         memory_limit_bytes=_part(facts.memory_limit_bytes, local_world),
         shm_free_bytes=_part(facts.shm_free_bytes, local_world),
         open_files_soft=_part(facts.open_files_soft, local_world),
+        tasks_free=_part(facts.tasks_free, local_world),
     )
 
 

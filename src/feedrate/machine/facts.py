@@ -1,6 +1,7 @@
 """Facts about this machine that explain DataLoader performance: usable CPUs (affinity and
-container quota), memory and its cgroup limit, /dev/shm, open-file limits, the multiprocessing
-start method and sharing strategy, torch threading, and the accelerator.
+container quota), memory and its cgroup limit, /dev/shm, open-file limits, the tasks left to
+start (cgroup ``pids.max``, ``ulimit -u``), the multiprocessing start method and sharing
+strategy, torch threading, and the accelerator.
 
 ``collect()`` is cheap (no subprocess, no CUDA context) and never raises: a probe that fails on a
 strange machine yields ``None`` for its field. ``MachineFacts`` is plain data that round-trips
@@ -48,8 +49,10 @@ class MachineFacts:
     """What this machine offers a DataLoader. Sizes in bytes, CPU counts in logical CPUs.
 
     A field is ``None`` when its probe is unsupported here or failed, or (for ``cpu_quota``,
-    ``memory_limit_bytes`` and ``open_files_*``) when no limit applies. ``cpus_usable`` is the
-    smaller of the affinity mask and the cgroup CPU quota, see ``usable_cpus``.
+    ``memory_limit_bytes``, ``open_files_*`` and ``tasks_free``) when no limit applies.
+    ``cpus_usable`` is the smaller of the affinity mask and the cgroup CPU quota, see
+    ``usable_cpus``. ``tasks_free``: how many more processes and threads may start (every
+    worker and its threads count), see ``tasks_free()``.
     """
 
     cpu_count: int | None
@@ -74,6 +77,7 @@ class MachineFacts:
     accelerator_count: int
     python_version: str
     platform: str | None
+    tasks_free: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-serializable dict of all fields (a deep copy)."""
@@ -82,9 +86,11 @@ class MachineFacts:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MachineFacts:
         """Rebuild from ``to_dict`` output. Unknown keys are ignored so files written by newer
-        versions still load; a missing field or an unknown accelerator raises ``ValueError``."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in d]
+        versions still load, and those of older ones where the field has a default; a missing
+        field without one or an unknown accelerator raises ``ValueError``."""
+        fields = dataclasses.fields(cls)
+        names = [f.name for f in fields if f.name in d]
+        missing = [f.name for f in fields if f.name not in d and f.default is dataclasses.MISSING]
         if missing:
             raise ValueError(f"machine facts lack fields: {', '.join(missing)}")
         if d["accelerator"] not in get_args(Accelerator):
@@ -123,6 +129,44 @@ def cgroup_memory_limit(cgroup_root: Path, proc_self_cgroup: Path) -> int | None
     for d in _ancestors(cgroup_root / "memory", paths.get("memory")):
         limits.append(_parse_v1_memory(_read(d / "memory.limit_in_bytes")))
     return _min_known(limits)
+
+
+def tasks_free(cgroup_root: Path, proc_self_cgroup: Path) -> int | None:
+    """How many more tasks (processes and threads: a DataLoader worker is one process with a
+    few threads) may start before ``fork`` or a thread's start fails with EAGAIN, or ``None``
+    where no limit applies: the tightest ``pids.max`` less ``pids.current`` of this process's
+    cgroup and its ancestors (v2, or v1's pids controller), and for a user other than root,
+    ``RLIMIT_NPROC``'s soft limit (``ulimit -u``) less the tasks of that user."""
+    paths = _cgroup_paths(proc_self_cgroup)
+    dirs = _ancestors(cgroup_root, paths.get(""))
+    dirs += _ancestors(cgroup_root / "pids", paths.get("pids"))
+    free = [_pids_free(_read(d / "pids.max"), _read(d / "pids.current")) for d in dirs]
+    return _min_known([*free, _safe(_nproc_free)])
+
+
+def _pids_free(limit: str | None, current: str | None) -> int | None:
+    """cgroup ``pids.max`` (``"max"``: unlimited) less ``pids.current``, at least 0."""
+    if limit is None or current is None or limit == "max":
+        return None
+    try:
+        return max(0, int(limit) - int(current))
+    except ValueError:
+        return None
+
+
+def _nproc_free() -> int | None:
+    import resource  # not on Windows: _safe answers None there
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft == resource.RLIM_INFINITY or soft < 0 or os.geteuid() == 0:
+        return None  # root (CAP_SYS_RESOURCE) is not held to it
+    uid = os.getuid()
+    used = 0
+    for p in psutil.process_iter(["uids", "num_threads"]):
+        uids, threads = p.info["uids"], p.info["num_threads"]
+        if uids is not None and uids.real == uid:
+            used += threads or 1
+    return max(0, soft - used)
 
 
 def collect(
@@ -165,6 +209,7 @@ def collect(
         accelerator_count=accelerator_count,
         python_version=platform.python_version(),
         platform=_safe(platform.platform),
+        tasks_free=_safe(lambda: tasks_free(cgroup_root, proc_self_cgroup)),
     )
 
 

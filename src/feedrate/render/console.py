@@ -40,28 +40,24 @@ def machine_table(facts: MachineFacts) -> Table:
     if facts.accelerator != "none":
         accel = f"{facts.accelerator} × {facts.accelerator_count} ({facts.accelerator_name or '?'})"
     threads = ", ".join(f"{k}={v}" for k, v in facts.thread_env.items()) or "none set"
+    memory = size(facts.memory_total_bytes)
+    if facts.memory_limit_bytes:
+        memory += f", cgroup limit {size(facts.memory_limit_bytes)}"
+    tasks = "no limit" if facts.tasks_free is None else f"{facts.tasks_free:,}"
     rows = [
         (
             "usable CPUs",
             f"{facts.cpus_usable} (os.cpu_count {facts.cpu_count}, "
             f"affinity {facts.cpus_affinity}, cgroup quota {quota})",
         ),
-        (
-            "memory",
-            f"{size(facts.memory_available_bytes)} available of "
-            f"{size(facts.memory_total_bytes)}"
-            + (
-                f", cgroup limit {size(facts.memory_limit_bytes)}"
-                if facts.memory_limit_bytes
-                else ""
-            ),
-        ),
+        ("memory", f"{size(facts.memory_available_bytes)} available of {memory}"),
         ("/dev/shm", f"{size(facts.shm_free_bytes)} free of {size(facts.shm_total_bytes)}"),
         (
             "open files",
             f"soft {facts.open_files_soft or 'unlimited'}, "
             f"hard {facts.open_files_hard or 'unlimited'}",
         ),
+        ("tasks left", f"{tasks} (processes and threads: pids.max, ulimit -u)"),
         ("start method", f"{facts.start_method} (sharing strategy {facts.sharing_strategy})"),
         (
             "torch",

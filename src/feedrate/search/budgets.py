@@ -1,4 +1,4 @@
-"""How much of the machine a search may plan to use (memory, /dev/shm, open files, workers),
+"""How much of the machine a search may plan to use (memory, /dev/shm, open files, tasks, workers),
 from the machine's facts: the ``Space`` that tune, autotune and the doctor search in."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ DEFAULT_MAX_WORKERS = 512
 #: Share of available memory and of free /dev/shm a search may plan to use.
 MEMORY_SHARE = 0.5
 SHM_SHARE = 0.5
-#: Share of the open-file soft limit a search may plan to use.
-FD_SHARE = 0.8
+#: Share of the open-file soft limit, and of the tasks left to start, a search may plan to use.
+FD_SHARE = TASKS_SHARE = 0.8
 
 
 def space_for(
@@ -33,7 +33,8 @@ def space_for(
     """The search space around ``baseline`` (the user's settings) on the machine ``facts``
     describe: at most ``max_workers`` (default ``DEFAULT_MAX_WORKERS``), ``memory_limit`` bytes
     (default ``MEMORY_SHARE`` of what is available, within a cgroup limit), ``SHM_SHARE`` of
-    free /dev/shm, and ``FD_SHARE`` of the open-file limit where batches hold files; without
+    free /dev/shm, ``FD_SHARE`` of the open-file limit where batches hold files, and
+    ``TASKS_SHARE`` of the tasks left to start (``pids.max``, ``ulimit -u``); without
     ``max_workers``, no more workers than ``epoch_batches`` (an epoch's batches, where known)."""
     available = facts.memory_available_bytes
     if facts.memory_limit_bytes is not None:
@@ -47,6 +48,7 @@ def space_for(
         memory_budget=memory,
         shm_budget=shm,
         fd_budget=fd_budget(facts),
+        tasks_budget=None if facts.tasks_free is None else int(facts.tasks_free * TASKS_SHARE),
         consumer=consumer,
         allow_reorder=allow_reorder,
     )

@@ -15,6 +15,7 @@ from feedrate.search.space import (
     FDS_PER_BATCH,
     FDS_PER_WORKER,
     SHM_HEADROOM,
+    TASKS_PER_WORKER,
     Space,
     peaks,
     series,
@@ -68,8 +69,9 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     """The worker count, at ``top``'s other settings, whose projected use first meets a
     ceiling: its CPU time (main process and workers, growing with the rate) at
     ``CPU_CEILING`` of the usable CPUs (unless ``cpu`` is False), the memory budget (per
-    worker as measured), the /dev/shm budget (batches in flight), the open-file budget, or
-    ``max_workers``."""
+    worker as measured), the /dev/shm budget (batches in flight), the open-file budget, the
+    tasks budget, ``max_workers``, or half way to the fewest workers above ``top``'s whose
+    trial failed (a bisection towards a limit no budget saw)."""
     w = top.config.num_workers
     pf = top.config.prefetch_factor or 2
     found = [Ceiling(space.max_workers, f"max_workers={space.max_workers}")]
@@ -88,7 +90,19 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     if space.fd_budget is not None:
         n = (space.fd_budget - FDS_BASE) // (FDS_PER_WORKER + pf * FDS_PER_BATCH)
         found.append(Ceiling(n, "the open-file budget"))
+    if space.tasks_budget is not None:
+        n = space.tasks_budget // (TASKS_PER_WORKER + top.config.threads - 1)
+        found.append(Ceiling(n, "the budget of processes and threads (pids.max, ulimit -u)"))
+    failed = [t.config.num_workers for t in trials if t.error and _above(t, top)]
+    if failed:  # a start that failed (EAGAIN, ENOMEM, a worker killed): a limit lies below it
+        f = min(failed)
+        found.append(Ceiling((w + f) // 2, f"the midpoint to the {f} workers that failed"))
     return min(found, key=lambda c: c.workers)
+
+
+def _above(t: Trial, top: Trial) -> bool:
+    """``t`` has more workers than ``top``, of as many threads."""
+    return t.config.num_workers > top.config.num_workers and t.config.threads == top.config.threads
 
 
 def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | None:
@@ -104,17 +118,19 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
     hard = ceiling(space, trials, top, cpu=False)
     if hard.workers < w * NEAR:
         return None
+    n = min(2 * w, hard.workers)
+    up_to = "" if n == 2 * w else f", up to {n}: {hard.what}"
     if not scaled_linearly(top, prev):
         if prev is not None and w > 2 * max(1, prev.config.num_workers):
             return None  # a long step that bent: the peak lies below it (bisected there)
-        return min(2 * w, hard.workers), "twice the workers overlap more waits"
+        return n, f"twice the workers overlap more waits{up_to}"
     assert prev is not None
     gained = top.median / prev.median
     limit = ceiling(space, trials, top)
     if limit.workers < w * NEAR:
-        return min(2 * w, hard.workers), (
+        return n, (
             f"the rate grew ×{gained:.1f} from {prev.config.num_workers} workers and the CPU "
-            "time projects the CPUs busy: twice the workers, while the gain beats the noise"
+            f"time projects the CPUs busy: twice the workers, while the gain beats the noise{up_to}"
         )
     n = min(limit.workers, MAX_FACTOR * w)
     aim = f"meet {limit.what}" if n == limit.workers else f"head for {limit.what}"

@@ -46,13 +46,32 @@ SHM_HEADROOM = 1.5
 FDS_PER_WORKER, FDS_PER_BATCH, FDS_BASE = 4, 4, 64
 
 
+#: Tasks (``pids.max``, ``ulimit -u``) a worker process holds: itself and its threads (3 on torch
+#: 2.13: the worker's own, its result queue's feeder and one more), one to spare; a threaded
+#: worker holds its ``threads`` - 1 more.
+TASKS_PER_WORKER = 4
+
+
+def tasks(cfg: LoaderConfig) -> int:
+    """The tasks ``cfg``'s workers hold together (``TASKS_PER_WORKER``, threads included)."""
+    return cfg.num_workers * (TASKS_PER_WORKER + cfg.threads - 1)
+
+
+def most_workers(space: Space, threads: int = 1) -> int:
+    """``max_workers``, within the tasks budget for workers of ``threads`` threads."""
+    if space.tasks_budget is None:
+        return space.max_workers
+    return min(space.max_workers, space.tasks_budget // (TASKS_PER_WORKER + threads - 1))
+
+
 Proposal = tuple[LoaderConfig, str]
 
 
 @dataclass(frozen=True)
 class Space:
     """What may be tried: ``cpus`` usable, the user's ``baseline`` (its other settings are kept),
-    the worker cap and the memory and /dev/shm budgets in bytes (None = unbounded)."""
+    the worker cap, the memory and /dev/shm budgets in bytes, the open files and the tasks
+    (processes and threads) it may hold (None = unbounded)."""
 
     cpus: int
     baseline: LoaderConfig
@@ -60,6 +79,7 @@ class Space:
     memory_budget: int | None = None
     shm_budget: int | None = None
     fd_budget: int | None = None
+    tasks_budget: int | None = None
     consumer: bool = False
     allow_reorder: bool = False
     #: Threads per worker a threaded trial may use (1: threads cannot help this loader, e.g.
@@ -220,5 +240,10 @@ def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) ->
         return (
             f"predicted {fds} open files over the budget of {space.fd_budget} "
             "(80% of the soft limit; raise it with ulimit -n)"
+        )
+    if space.tasks_budget is not None and tasks(cfg) > space.tasks_budget:
+        return (
+            f"predicted {tasks(cfg)} processes and threads over the budget of "
+            f"{space.tasks_budget} (80% of those left to start under pids.max or ulimit -u)"
         )
     return None

@@ -107,8 +107,9 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
         )
         return with_workers(space.baseline, n), why
     if kind == "unknown":
+        n = min(2 * w, scaling.ceiling(space, trials, top, cpu=False).workers)
         why = f"workers at {w} neither saturate the CPUs nor mostly wait: try more"
-        return with_workers(space.baseline, min(2 * w, space.max_workers)), why
+        return (with_workers(space.baseline, n), why) if n > w else None
     return None
 
 
@@ -297,10 +298,15 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
         return None  # what the loop waits for is its own receiving: more workers add to it
     if kind == "cpu" and 2 * w > POOL_CPUS * space.cpus:
         return None  # CPU-bound past the deepest pool worth trying (``_pool``): more only queue
-    nxt, more = (1 if w == 0 else min(2 * w, space.max_workers)), "more workers"
+    hard = scaling.ceiling(space, trials, top, cpu=False)  # memory, /dev/shm, files, tasks
+    nxt, more = (1 if w == 0 else 2 * w), "more workers"
     if kind == "latency":
-        nxt = min(_aim(space, top), space.max_workers)
+        nxt = _aim(space, top)
         more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
+    if nxt > hard.workers:
+        nxt, more = hard.workers, f"{more}, up to {hard.workers}: {hard.what}"
+    if nxt <= w:
+        return None
     why = f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time"
     return with_workers(space.baseline, nxt), f"{why}: {more}"
 

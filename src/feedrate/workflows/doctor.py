@@ -26,9 +26,10 @@ import feedrate
 from feedrate.checks import dataset as checks_dataset
 from feedrate.checks.machine import (
     cpu_quota_finding,
-    fd_limit_finding,
+    limit_findings,
     pin_memory_finding,
     pin_memory_unused_finding,
+    refusal,
     shm_failed_finding,
     shm_finding,
 )
@@ -55,7 +56,6 @@ from feedrate.results.doctor import CheckRun, CheckStatus, Report
 from feedrate.results.evidence import Container
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
-from feedrate.units import size
 from feedrate.workflows.doctor_node import node_step
 from feedrate.workflows.doctor_steps import (
     BRIEF_SECONDS,
@@ -239,16 +239,11 @@ class _Doctor:
         return self._overflow(name)
 
     def _overflow(self, name: str) -> str | None:
-        """Why the run of step ``name`` is not started: predicted to overflow /dev/shm, from the
-        batch made in the main process (the one rule, ``shm_finding``); None when it fits."""
+        """Why the run of step ``name`` is not started: over the processes and threads left, or
+        predicted to overflow /dev/shm from the batch made in the main process (the one rule,
+        ``checks.machine.refusal``); None when it may."""
         config = {"memory": memory_run_config(self.loader), "performance": self.config}.get(name)
-        batch = self._bytes()
-        if config is None or batch is None or not shm_finding(config, self.facts.to_dict(), batch):
-            return None
-        return (
-            f"not started: its {config.queue_depth} batches of {size(batch)} in flight would "
-            "overflow /dev/shm (see shm-too-small)"
-        )
+        return None if config is None else refusal(config, self.facts.to_dict(), self._bytes())
 
     def _bytes(self) -> int | None:
         """A batch's bytes, from the best evidence gathered."""
@@ -305,13 +300,13 @@ class _Doctor:
         if best is not None and best.config.num_workers > self.config.num_workers:
             configs.append((best.config, True))
         shm = [shm_finding(c, m, batch_bytes, s) for c, s in configs]
-        fds = [fd_limit_finding(c, m, tensors) for c, _ in configs]
+        limits = [limit_findings(c, m, tensors) for c, _ in configs]  # open files, tasks
         return [
             cpu_quota_finding(m),
             pin_memory_finding(Trial(self.config, "your settings"), m),
             pin_memory_unused_finding(self.config, m, batch_bytes),
             next((f for f in shm if f is not None), None),
-            next((f for f in fds if f is not None), None),
+            *(next((f for f in kind if f is not None), None) for kind in zip(*limits, strict=True)),
         ]
 
     def _dataset(self) -> list[Finding | None]:

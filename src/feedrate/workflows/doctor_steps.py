@@ -27,6 +27,7 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "startup-cost": ("performance", "workers"),
     "shm-too-small": ("batch",),  # and any run that dies of it
     "fd-limit": ("batch",),
+    "task-limit": ("static",),
     "pin-memory-unused": ("static", "batch"),
     "pin-memory-no-accelerator": ("static",),
     "cpu-quota": ("static",),

@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from feedrate.checks.bottleneck import Pace, bottleneck_finding, bottleneck_kind
-from feedrate.checks.machine import shm_finding
+from feedrate.checks.machine import shm_finding, task_limit_finding
 from feedrate.checks.workers import consumer_worker_finding, worker_count_finding
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.loader.config import LoaderConfig
@@ -43,13 +43,19 @@ LATENCY_CAP = 64
 MeasureTrial = Callable[[LoaderConfig, str, Consumer | None], Trial]
 
 
-def refuse_shm_overflow(
+def refuse_overflow(
     loader: DataLoader[Any], config: LoaderConfig, facts: MachineFacts, *, timeout_s: float = 30.0
 ) -> None:
     """Before ``config`` is first started on ``loader`` (tune's baseline): raise
-    ``PipelineError`` naming ``shm-too-small`` and its fixes when its batches in flight are
-    predicted not to fit in /dev/shm (``shm_finding`` at error), sized by one batch made in the main
-    process, so no worker starts. Nothing to do without workers or without /dev/shm facts."""
+    ``PipelineError`` naming ``task-limit`` and its fixes when its workers need more processes
+    and threads than are left, or ``shm-too-small`` when its batches in flight are predicted
+    not to fit in /dev/shm (``shm_finding`` at error), sized by one batch made in the main
+    process, so no worker starts. Nothing to do without workers."""
+    tasks = task_limit_finding(config, facts.to_dict(), at="error")
+    if tasks is not None:
+        raise PipelineError(
+            f"{config.label()} not started, task-limit: {tasks.message}; fix: {tasks.fix}"
+        )
     if config.num_workers == 0 or facts.shm_free_bytes is None:
         return
     batch = main_process_batch(loader, timeout_s=timeout_s)

@@ -27,6 +27,7 @@ from feedrate.measuring.consumer import make_consumer
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.tune import TuneResult
 from feedrate.search.budgets import space_for
+from feedrate.search.space import Space, most_workers
 from feedrate.workflows import tune_node
 from feedrate.workflows.tune_search import Progress, TuneSearch
 
@@ -152,7 +153,7 @@ def tune(
 
     def searched() -> TuneResult:
         if use_cache and not fresh:
-            hit = _from_cache(cache_key, source)
+            hit = _from_cache(cache_key, source, run.space)
             if hit is not None:
                 hit.target = target  # the same pipeline (settings included) under this name
                 return hit
@@ -209,7 +210,10 @@ def _doctor_checks(
     return tune_checks(loader, facts, result.baseline, result.best, timeout_s=timeout_s)
 
 
-def _from_cache(cache_key: str, source: Any) -> TuneResult | None:
+def _from_cache(cache_key: str, source: Any, space: Space) -> TuneResult | None:
+    """The cached result, unless unreadable or its answer has more workers than ``space``
+    allows now (``most_workers``: a limit of processes and threads that the run cached did not
+    have): then None, and tune searches again."""
     document = cache.load(cache_key)
     if document is None:
         return None
@@ -217,6 +221,9 @@ def _from_cache(cache_key: str, source: Any) -> TuneResult | None:
         result = TuneResult.from_dict(document)
     except (KeyError, TypeError, ValueError):
         return None  # an unreadable entry (older format): tune again
+    best = result.best.config
+    if best.num_workers > most_workers(space, best.threads):
+        return None
     result.from_cache = True
     result._source = source
     return result

@@ -39,7 +39,7 @@ from feedrate.search.propose import choose, propose
 from feedrate.search.space import Proposal, Space
 from feedrate.search.steps import threads_report
 from feedrate.workflows import tune_confirm
-from feedrate.workflows.doctor_trials import refuse_shm_overflow
+from feedrate.workflows.doctor_trials import refuse_overflow
 
 #: The least wall time a trial is given (s), however little of the budget is left.
 MIN_TRIAL_WALL_S = 1.0
@@ -122,7 +122,7 @@ class TuneSearch:
 
     def search(self) -> TuneResult:
         # Your settings are not started when their batches in flight would overflow /dev/shm.
-        refuse_shm_overflow(self.loader, self.space.baseline, self.facts)
+        refuse_overflow(self.loader, self.space.baseline, self.facts)
         baseline = self.trial(self.space.baseline, "your settings", fatal=True)
         report_only: Proposal | None = None
         while self.partial_reason is None:
