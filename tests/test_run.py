@@ -82,6 +82,16 @@ def test_a_starved_loop_stalls_and_a_fed_one_is_told_plainly(tmp_path: Path) -> 
     assert "training waits on data" in done.stderr
 
 
+def test_a_loader_is_seen_after_torch_was_only_looked_up(tmp_path: Path) -> None:
+    # transformers and datasets call importlib.util.find_spec("torch") before importing it:
+    # the import after that look-up is patched too (it was not: "no DataLoader was iterated").
+    out = tmp_path / "run.json"
+    done = feedrate_run("--json", str(out), "spec_first.py")
+    assert done.returncode == 0, done.stderr
+    (loader,) = json.loads(out.read_text())["loaders"]
+    assert (loader["batches"], loader["epochs"]) == (16, 2)
+
+
 def test_an_evaluation_loader_is_shown_apart(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     done = feedrate_run("--json", str(out), "-m", "train", "--batches", "6", "--eval", "2")
@@ -96,6 +106,20 @@ def test_an_evaluation_loader_is_shown_apart(tmp_path: Path) -> None:
         str(line_of(TRAIN, "val = DataLoader(")): "eval",
     }
     assert "eval loader" in done.stderr
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+def test_a_loader_iterated_in_an_evaluation_function_is_an_eval_loader(
+    tmp_path: Path, autotune: bool
+) -> None:
+    out = tmp_path / "run.json"
+    flags = ["--autotune"] if autotune else []
+    done = feedrate_run(*flags, "--json", str(out), "eval_function.py")
+    assert done.returncode == 0, done.stderr
+    by_name = {ld["name"].rpartition(":")[2]: ld for ld in json.loads(out.read_text())["loaders"]}
+    assert (by_name["train"]["role"], by_name["val"]["role"]) == ("train", "eval")
+    assert by_name["val"]["autotune"] is None  # left as it is
+    assert (by_name["val"]["batches"], by_name["train"]["batches"]) == (8, 32)
 
 
 def test_a_crash_keeps_the_scripts_traceback_first_and_its_exit_status() -> None:

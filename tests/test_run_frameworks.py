@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,26 @@ def test_a_lightning_fit_is_observed(tmp_path: Path) -> None:
         2,
     )
     assert (val["role"], val["batches"], val["samples"]) == ("eval", 16, 512)
+
+
+def test_feedrate_s_own_lightning_callback_under_autotune_trains_once(tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="Lightning is not installed here")
+    out = tmp_path / "run.json"
+    script = SCRIPTS / "lightning_callback.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "feedrate", "run", "--autotune", "--json", str(out), script.name],
+        capture_output=True,
+        text=True,
+        cwd=SCRIPTS,
+        timeout=240,
+        env={**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "fit done" in done.stdout and "RecursionError" not in done.stderr
+    (train,) = json.loads(out.read_text())["loaders"]  # the callback's trial loaders are not
+    fit_line = next(
+        i for i, ln in enumerate(script.read_text().splitlines(), 1) if "fit line" in ln
+    )
+    assert train["created_at"] == f"{script.name}:{fit_line}"  # the user's line, not Lightning's
+    assert (train["role"], train["epochs"], train["batches"]) == ("train", 2, 32)
+    assert train["autotune"] is None  # the callback's answer is left as it is

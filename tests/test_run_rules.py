@@ -7,8 +7,10 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from rich.console import Console
 from torch.utils.data import DataLoader, TensorDataset
@@ -19,7 +21,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.render.run import render_html, run_report, sparkline
 from feedrate.results.run import AutotuneChange, LoaderRun, ProcessRun, RunReport, Window
 from feedrate.running.launch import command_of, module_found
-from feedrate.running.observer import ObservedIterator, Registry, Watch, install
+from feedrate.running.observer import ObservedIterator, Registry, Watch, importable, install
 from feedrate.running.timeline import Timeline
 
 
@@ -235,3 +237,23 @@ def test_commands_are_resolved_as_python_and_a_shell_would(tmp_path: Any) -> Non
     assert command_of(["sh", "-c", "true"])[1:] == ["-c", "true"]
     assert module_found("json.tool") and module_found("feedrate.running")
     assert not module_found("feedrate.no_such_module") and not module_found("no.such")
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("loader = make()\nif __name__ == '__main__':\n    train(loader)\n", True),
+        ("if __name__ == '__main__':\n    loader = make()\n", False),  # not found on import
+        ("loader = make()\nfor batch in loader:\n    step(batch)\n", False),  # trains on import
+        ("loader = make()\ntrain(loader)\n", False),
+        ("def main():\n    loader = make()\n", False),
+        ("loader: object = make()\n", True),
+        ("loader = (\n", False),  # a file that does not parse
+    ],
+)
+def test_a_name_is_suggested_only_where_importing_the_file_gives_it(
+    tmp_path: Path, body: str, expected: bool
+) -> None:
+    path = tmp_path / "train.py"
+    path.write_text(body)
+    assert importable(str(path), "loader") is expected

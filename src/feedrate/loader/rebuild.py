@@ -7,6 +7,7 @@ batching, sampling, collation, worker seeding, ...) and changes only *how* it is
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -23,6 +24,27 @@ from feedrate.loader.threaded import Threaded, threads_of, unthreaded
 #: DataLoader warns when num_workers exceeds the CPU count; feedrate goes there on purpose for
 #: latency-bound pipelines and says so in its own notes instead.
 _WORKER_COUNT_WARNING = r".*DataLoader will create \d+ worker processes in total"
+
+
+#: Inside ``for_the_user()``: a loader feedrate builds is handed to the user's code to train on
+#: (``TuneResult.loader()``), not built for a measurement of its own.
+_FOR_THE_USER: contextvars.ContextVar[bool] = contextvars.ContextVar("for_the_user", default=False)
+
+
+@contextlib.contextmanager
+def for_the_user() -> Iterator[None]:
+    """Loaders built inside the block are handed to the user's code (``feedrate run`` watches
+    them as the user's own, where it leaves feedrate's trial loaders alone)."""
+    token = _FOR_THE_USER.set(True)
+    try:
+        yield
+    finally:
+        _FOR_THE_USER.reset(token)
+
+
+def built_for_the_user() -> bool:
+    """Within ``for_the_user()``."""
+    return _FOR_THE_USER.get()
 
 
 @contextlib.contextmanager

@@ -63,31 +63,33 @@ def _first_iter(sampler: Any) -> None:
 
 class _Hook(importlib.abc.MetaPathFinder):
     """Finds nothing itself: when torch is imported, it wraps the loader of torch's spec so
-    the patch follows the package's execution."""
+    the patch follows the package's execution. It stays until torch is executed, not only
+    found: transformers and datasets ask ``importlib.util.find_spec("torch")`` before any
+    import (a spec that is never executed), and the import after it must be patched too."""
 
     def find_spec(
         self, fullname: str, path: Any, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != HOOKED:
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # once torch is found, imports go by as before
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _PatchAfter(spec.loader)
+        spec.loader = _PatchAfter(spec.loader, self)
         return spec
 
 
 class _PatchAfter(importlib.abc.Loader):
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
+    def __init__(self, inner: Any, hook: _Hook) -> None:
+        self._inner, self._hook = inner, hook
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         created: ModuleType | None = self._inner.create_module(spec)
         return created
 
     def exec_module(self, module: ModuleType) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self._hook)  # torch is imported: imports go by as before
         self._inner.exec_module(module)
         _on_import(module)
 

@@ -14,10 +14,12 @@ itself builds (``--autotune``'s trial loaders) are not watched.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import os
 import sys
+import sysconfig
 import threading
 import time
 import weakref
@@ -29,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
-from feedrate.loader.rebuild import config_of
+from feedrate.loader.rebuild import built_for_the_user, config_of
 from feedrate.measuring import runqueue
 from feedrate.results.run import AutotuneChange, LoaderRun, WorkerUse
 from feedrate.running.timeline import Timeline
@@ -58,6 +60,8 @@ class Watch:
         self.epoch_batches = epoch_length(loader)
         self.count = sample_counter(loader)
         self.epochs = self.batches = self.samples = self.grad_off = 0
+        self.evaluating = False  # this epoch is iterated from an evaluation loop
+        self.handed_over = built_for_the_user()  # feedrate's answer already: result.loader()
         self.wait = self.step = self.cpu_in_next = 0.0
         self.startup: float | None = None
         self.restarts: list[float] = []
@@ -73,9 +77,10 @@ class Watch:
         self.autotune: AutotuneChange | None = None
         self.tuner: Any = None  # the AutoLoader standing in for the loader, with --autotune
 
-    def new_epoch(self, now: float) -> None:
+    def new_epoch(self, now: float, evaluating: bool = False) -> None:
+        """An epoch begins at ``now``; ``evaluating``: iterated from an evaluation loop."""
         self.epochs += 1
-        self.began, self.last = now, None
+        self.began, self.last, self.evaluating = now, None, evaluating
 
     def took(self, batch: Any, t0: float, t1: float, cpu: float, queued: float = 0.0) -> None:
         """A batch asked for at ``t0`` arrived at ``t1``, ``cpu`` s of main-thread CPU later,
@@ -95,7 +100,7 @@ class Watch:
         self.cpu_in_next += cpu
         self.batches += 1
         self.samples += self.count(batch)
-        if not torch.is_grad_enabled():
+        if self.evaluating or not torch.is_grad_enabled():
             self.grad_off += 1
         self.timeline.add(t1, wait, step)
         self.last = t1
@@ -144,14 +149,39 @@ class Watch:
 
     def name(self) -> str | None:
         """``file.py:NAME`` where the loader is a module-level name of the module that built
-        it (what ``feedrate tune`` takes), else None."""
+        it and importing that module gives it at once (what ``feedrate tune`` takes), else
+        None."""
         loader, module = self.loader(), sys.modules.get(self.module or "")
         if loader is None or module is None:
             return None
+        file = self.site.rpartition(":")[0]
         for key, value in list(vars(module).items()):
-            if value is loader and not key.startswith("_"):
-                return f"{self.site.rpartition(':')[0]}:{key}"
+            if value is loader and not key.startswith("_") and importable(file, key):
+                return f"{file}:{key}"
         return None
+
+
+def importable(file: str, key: str) -> bool:
+    """``feedrate tune file:key`` would find ``key`` by importing ``file`` and do nothing else
+    first: a top-level statement of ``file`` assigns it (not one under ``if __name__ ==
+    "__main__":``), and none loops or calls a function for its own sake (training at the top
+    level would run whole on import)."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    assigned = False
+    for node in tree.body:
+        if isinstance(node, ast.For | ast.While | ast.AsyncFor | ast.With):
+            return False
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return False
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        assigned |= any(isinstance(t, ast.Name) and t.id == key for t in targets)
+    return assigned
 
 
 class ObservedIterator:
@@ -241,7 +271,7 @@ class Registry:
         if self.on_first_iter is not None:
             start, self.on_first_iter = self.on_first_iter, None
             start()
-        watch.new_epoch(time.perf_counter())
+        watch.new_epoch(time.perf_counter(), evaluating(sys._getframe(1)))
         inner = self.replacer(watch, loader, own_iter) if self.replacer is not None else None
         if inner is None:
             inner = own_iter()
@@ -251,19 +281,61 @@ class Registry:
 
 def creation_site(loader: object, frame: FrameType | None) -> tuple[str, str | None] | None:
     """``(file:line, module name)`` of the user's code that built ``loader``, from ``frame``
-    (the caller of DataLoader's ``__init__``) outwards: torch's frames and the ``__init__`` of
-    the loader's own subclasses are skipped. None when feedrate built it."""
+    (the caller of DataLoader's ``__init__``) outwards: torch's frames, the ``__init__`` of the
+    loader's own subclasses, and installed libraries' frames (Lightning's wrapper of every
+    loader's ``__init__`` during ``fit``, transformers' Trainer, webdataset's loader) are
+    skipped; the first library frame stands where no user frame is found. None when feedrate
+    built it for a measurement of its own, through a library's frames or not (its trial
+    loaders are not the user's); one it built for the user's code to train on
+    (``for_the_user``: ``result.loader()``) is the user's, at the user's line that led there."""
+    via: tuple[str, str | None] | None = None
     while frame is not None:
         code = frame.f_code
         file = code.co_filename
         own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
-        if file.startswith(_TORCH_DIR) or own_init:
+        path = os.path.abspath(file)
+        ours = path.startswith(_FEEDRATE_DIR)
+        if ours and not built_for_the_user():
+            return None
+        if file.startswith(_TORCH_DIR) or own_init or ours:
             frame = frame.f_back
             continue
-        if os.path.abspath(file).startswith(_FEEDRATE_DIR):
-            return None
-        return f"{_shown(file)}:{frame.f_lineno}", frame.f_globals.get("__name__")
-    return "<unknown>:0", None
+        site = f"{_shown(file)}:{frame.f_lineno}", frame.f_globals.get("__name__")
+        if not _library(path):
+            return site
+        via = via or site
+        frame = frame.f_back
+    return via or ("<unknown>:0", None)
+
+
+#: Functions that run an evaluation loop: a loader iterated from inside one is an evaluation
+#: loader, whatever autograd's state (transformers' Trainer turns autograd off only around each
+#: step, inside ``prediction_step``).
+EVAL_FUNCTIONS = frozenset(
+    {"evaluation_loop", "prediction_loop", "evaluate", "predict", "validate", "validation_loop"}
+)
+
+
+def evaluating(frame: FrameType | None, depth: int = 64) -> bool:
+    """A function of ``EVAL_FUNCTIONS`` is on the stack from ``frame`` outwards (``depth``
+    frames at most)."""
+    while frame is not None and depth > 0:
+        if frame.f_code.co_name in EVAL_FUNCTIONS:
+            return True
+        frame, depth = frame.f_back, depth - 1
+    return False
+
+
+#: Where installed packages and the standard library live.
+_LIBRARY_DIRS = tuple(
+    {os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib", "stdlib")}
+)
+
+
+def _library(path: str) -> bool:
+    """``path`` (absolute) is an installed package's or the standard library's file."""
+    parts = path.split(os.sep)
+    return path.startswith(_LIBRARY_DIRS) or "site-packages" in parts or "dist-packages" in parts
 
 
 def _shown(file: str) -> str:

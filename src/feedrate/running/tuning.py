@@ -2,9 +2,12 @@
 ``feedrate.autotune(loader)`` (the same batches in the same order, workers cleaned up, the
 cache used and filled), and what it changed goes into the report.
 
-A loader is tuned from its first ``iter()`` taken with autograd on (an evaluation loop under
-``torch.no_grad()`` is left as it is). Where autotune cannot wrap a loader, the loader is
-observed as it is, and the report says why.
+A loader is tuned from its first ``iter()`` taken with autograd on and outside an evaluation
+function (``observer.EVAL_FUNCTIONS``: an evaluation loop is left as it is, under
+``torch.no_grad()`` or, as transformers' Trainer runs it, with autograd off only per step).
+Where autotune cannot wrap a loader, the loader is observed as it is, and the report says why.
+A loader that is feedrate's answer already (``result.loader()``, as the integrations' callbacks
+hand it over) is observed as it is.
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ def _tuned_epoch(
     watch: Watch, loader: DataLoader[Any], own_iter: Callable[[], Any]
 ) -> Iterator[Any] | None:
     if watch.tuner is None:
-        if watch.autotune is not None or not torch.is_grad_enabled():
+        if watch.autotune is not None or watch.evaluating or not torch.is_grad_enabled():
             return None  # autotune refused it before, or an evaluation loop
+        if watch.handed_over:
+            return None  # feedrate tuned it in the script already (an integration's callback)
         try:
             from feedrate.autotuning.api import autotune
             from feedrate.loader.rebuild import rebuild
