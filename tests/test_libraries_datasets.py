@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 import feedrate
 from feedrate.loader.batches import sample_counter
+from feedrate.loader.libraries import worker_limit
 from feedrate.workflows import doctor as doctoring
 
 pytest.importorskip("datasets", reason="datasets is not installed")
@@ -57,3 +58,8 @@ def test_the_tuned_answer_yields_every_sample_once() -> None:
     )
     assert Counter(epoch_ids(result.loader())) == Counter(range(N))
     assert none_left()
+
+
+def test_never_more_workers_than_shards() -> None:
+    assert worker_limit(stream(3)) == 3  # a worker past them is stopped: it would only idle
+    assert worker_limit(hf_dataset()) is None  # map-style: indices, not shards

@@ -5,6 +5,7 @@ DataLoader, and resampled shards with ``.with_epoch(n)``. Tar shards written in 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader
 
 import feedrate
 from feedrate.loader.batches import sample_counter
+from feedrate.loader.libraries import worker_limit
 from feedrate.loader.target import load_target
 from feedrate.workflows import doctor as doctoring
 
@@ -45,6 +47,29 @@ def test_split_shards_arrive_once_per_epoch_under_autotune(tmp_path: Path) -> No
         assert auto.config.num_workers > 0  # the library splits by worker: no probe needed
         for _ in range(3):
             assert sorted(epoch_ids(auto, step_s=0.002)) == list(range(N))
+    assert none_left()
+
+
+def waiting(sample: dict[str, Any]) -> dict[str, Any]:
+    """Each sample waits 2 ms, as a read from remote storage: more workers would help."""
+    time.sleep(0.002)
+    return sample
+
+
+def test_never_more_workers_than_shards(tmp_path: Path) -> None:
+    # Two shards split by worker, samples that wait: more workers would overlap more waits,
+    # but a third worker gets no shard, and webdataset's own check fails it ("No samples
+    # found in dataset; perhaps you have fewer shards than workers").
+    urls = write_tars(tmp_path, shards=2)
+    ds = wds.WebDataset(urls, shardshuffle=False).decode().map(waiting).to_tuple("npy", "id")
+    assert worker_limit(ds) == 2
+    with feedrate.autotune(DataLoader(ds, batch_size=8), cache=False, budget_s=3) as auto:
+        for _ in range(3):
+            assert sorted(epoch_ids(auto)) == list(range(N))
+            assert auto.config.num_workers <= 2
+    result = feedrate.tune(DataLoader(ds, batch_size=8), budget_s=6, use_cache=False)
+    assert all(t.config.num_workers <= 2 for t in result.trials), result.trials
+    assert all(t.error is None for t in result.trials)
     assert none_left()
 
 

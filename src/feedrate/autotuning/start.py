@@ -99,6 +99,7 @@ def starting_point(
         consumer=True,
         max_workers=max_workers,
         epoch_batches=epoch_length(loader),
+        parts=libraries.worker_limit(loader.dataset),
     )
     space = replace(
         space, max_threads=thread_cap(loader) if split else 1, allow_threads=allow_threads

@@ -10,6 +10,8 @@ not installed costs nothing and a look-alike of the user's own is not mistaken f
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -95,6 +97,35 @@ def splits_by_worker(dataset: object) -> str | None:
     if resampled(dataset):
         return "the webdataset pipeline draws its shards per worker (resampled)"
     return None
+
+
+def worker_limit(dataset: object) -> int | None:
+    """The most workers that each get a part of the stream where the library hands whole
+    shards to workers, else None: a Hugging Face IterableDataset's shards; a webdataset
+    pipeline's shard list split by worker (after ``split_by_node``, a rank's share of it). A
+    worker past them yields nothing: webdataset then fails ("No samples found in dataset;
+    perhaps you have fewer shards than workers"), Hugging Face stops it."""
+    shards = getattr(dataset, "num_shards", 0)
+    if _is(dataset, "datasets", "IterableDataset") and isinstance(shards, int) and shards >= 1:
+        return shards
+    stages = _stages(dataset)
+    names = [_stage_name(s) for s in stages]
+    urls = getattr(stages[0], "urls", None) if stages else None
+    if "split_by_worker" not in names or resampled(dataset) or not isinstance(urls, list):
+        return None
+    ranks = _world() if "split_by_node" in names else 1
+    return max(1, len(urls) // ranks)
+
+
+def _world() -> int:
+    """The job's ranks (torch.distributed's, else the launcher's WORLD_SIZE), at least 1."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return max(1, dist.get_world_size())
+    with contextlib.suppress(ValueError):
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    return 1
 
 
 def splits_by_rank(dataset: object) -> str | None:

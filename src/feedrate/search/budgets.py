@@ -29,13 +29,15 @@ def space_for(
     memory_limit: int | None = None,
     allow_reorder: bool = False,
     epoch_batches: int | None = None,
+    parts: int | None = None,
 ) -> Space:
     """The search space around ``baseline`` (the user's settings) on the machine ``facts``
     describe: at most ``max_workers`` (default ``DEFAULT_MAX_WORKERS``), ``memory_limit`` bytes
     (default ``MEMORY_SHARE`` of what is available, within a cgroup limit), ``SHM_SHARE`` of
     free /dev/shm, ``FD_SHARE`` of the open-file limit where batches hold files, and
     ``TASKS_SHARE`` of the tasks left to start (``pids.max``, ``ulimit -u``); without
-    ``max_workers``, no more workers than ``epoch_batches`` (an epoch's batches, where known)."""
+    ``max_workers``, no more workers than ``epoch_batches`` (an epoch's batches, where known);
+    never more than ``parts`` (``worker_cap``)."""
     available = facts.memory_available_bytes
     if facts.memory_limit_bytes is not None:
         available = min(available or facts.memory_limit_bytes, facts.memory_limit_bytes)
@@ -44,7 +46,7 @@ def space_for(
     return Space(
         cpus=facts.cpus_usable,
         baseline=baseline,
-        max_workers=worker_cap(max_workers, epoch_batches),
+        max_workers=worker_cap(max_workers, epoch_batches, parts),
         memory_budget=memory,
         shm_budget=shm,
         fd_budget=fd_budget(facts),
@@ -54,15 +56,19 @@ def space_for(
     )
 
 
-def worker_cap(max_workers: int | None, epoch_batches: int | None) -> int:
+def worker_cap(max_workers: int | None, epoch_batches: int | None, parts: int | None = None) -> int:
     """``max_workers`` if given; else ``DEFAULT_MAX_WORKERS``, and no more than an epoch's
     batches: past that every worker makes at most one batch an epoch and the rest sit idle,
-    adding start-up, memory and each epoch's restart, no throughput."""
+    adding start-up, memory and each epoch's restart, no throughput. Never more than
+    ``parts``, the shards a library hands out whole to workers (``libraries.worker_limit``):
+    a worker past them gets none, and webdataset then fails."""
     if max_workers is not None:
-        return max_workers
-    if epoch_batches is not None and epoch_batches > 0:
-        return min(DEFAULT_MAX_WORKERS, epoch_batches)
-    return DEFAULT_MAX_WORKERS
+        cap = max_workers
+    elif epoch_batches is not None and epoch_batches > 0:
+        cap = min(DEFAULT_MAX_WORKERS, epoch_batches)
+    else:
+        cap = DEFAULT_MAX_WORKERS
+    return cap if parts is None else min(cap, parts)
 
 
 def fd_budget(facts: MachineFacts) -> int | None:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from feedrate.checks import transfer as checks_transfer
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
+from feedrate.loader import libraries
 from feedrate.loader.batches import epoch_length, thread_cap
 from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of, supports
 from feedrate.machine import cache
@@ -113,6 +114,7 @@ def tune(
         memory_limit=memory_limit,
         allow_reorder=allow_reorder and not is_iterable_style(loader) and supports("in_order"),
         epoch_batches=epoch_length(loader),
+        parts=libraries.worker_limit(loader.dataset),
     )
     space = replace(
         space,
