@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 MiB = 2**20
+
+
+def check_seconds(value: float | None, param: str) -> None:
+    """``UserError`` naming ``param`` unless ``value`` is None or a finite number of seconds
+    above 0: nan and inf pass ``<= 0`` tests, then break a timer (``setitimer``) or never
+    end."""
+    from feedrate.errors import UserError
+
+    ok = isinstance(value, int | float) and math.isfinite(value) and value > 0
+    if value is not None and not ok:
+        raise UserError(
+            f"{param} must be a positive, finite duration (s), got {value!r}", params=(param,)
+        )
 
 
 def size(n: float) -> str:

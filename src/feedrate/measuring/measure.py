@@ -46,6 +46,7 @@ from feedrate.measuring.processes import ProcessProbe
 from feedrate.results.measurement import Measurement, WindowSummary
 from feedrate.results.processes import ProbeReport
 from feedrate.results.spread import Spread
+from feedrate.units import check_seconds
 
 LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
 
@@ -96,6 +97,7 @@ def measure(
     for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
     returns or raises, Ctrl-C included.
     """
+    check_seconds(timeout_s, "timeout_s")
     user_loader = loader_of(source)
     config = (config or config_of(user_loader)).normalized()
     plan = _plan(config, batches, seconds, windows_count, wall_s)
@@ -156,10 +158,8 @@ def _plan(
             f"batches must be at least {count} (one per window), got {batches}",
             params=("batches",),
         )
-    if seconds is not None and seconds <= 0:
-        raise UserError(f"seconds must be positive, got {seconds:g}", params=("seconds",))
-    if wall_s is not None and not wall_s > 0:
-        raise UserError(f"wall_s must be positive, got {wall_s:g}", params=("wall_s",))
+    check_seconds(seconds, "seconds")
+    check_seconds(wall_s, "wall_s")
     return windows.WindowPlan(
         windows=count,
         batches=batches,

@@ -40,7 +40,7 @@ from feedrate.checks.workers import (
     startup_cause,
     startup_finding,
 )
-from feedrate.errors import PipelineError, UserError
+from feedrate.errors import PipelineError
 from feedrate.loader.batches import epoch_samples
 from feedrate.loader.libraries import epoch_per_worker
 from feedrate.loader.rebuild import config_of, is_iterable_style
@@ -56,6 +56,7 @@ from feedrate.results.doctor import CheckRun, CheckStatus, Report
 from feedrate.results.evidence import Container
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.trial import Trial
+from feedrate.units import check_seconds
 from feedrate.workflows.doctor_node import node_step
 from feedrate.workflows.doctor_steps import (
     BRIEF_SECONDS,
@@ -104,10 +105,8 @@ def doctor(
     ``UserError`` for bad arguments. No worker outlives the call.
     """
     loaders = Loaders(source)  # a factory TARGET: a fresh loader for each run
-    if trial_seconds <= 0 or timeout_s <= 0:
-        raise UserError(
-            "trial_seconds and timeout_s must be positive", params=("trial_seconds", "timeout_s")
-        )
+    check_seconds(trial_seconds, "trial_seconds")
+    check_seconds(timeout_s, "timeout_s")
     wanted = wanted_checks(checks)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     facts = facts_for(machine)  # a bad fact fails here, before the other ranks are met

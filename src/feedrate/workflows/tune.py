@@ -29,6 +29,7 @@ from feedrate.results.findings import Finding, by_severity
 from feedrate.results.tune import TuneResult
 from feedrate.search.budgets import space_for
 from feedrate.search.space import Space, most_workers
+from feedrate.units import check_seconds
 from feedrate.workflows import tune_node
 from feedrate.workflows.tune_search import Progress, TuneSearch
 
@@ -188,18 +189,14 @@ def _check_budget(
             f"{MIN_BUDGET_S:g} s (your settings and two alternatives); the default is 60",
             params=("budget_s",),
         )
-    if not trial_s > 0:
-        raise UserError(
-            f"trial_seconds must be positive, got {trial_s:g}", params=("trial_seconds",)
-        )
+    check_seconds(trial_s, "trial_seconds")
     if max_workers is not None and max_workers < 0:
         raise UserError(
             f"max_workers must be 0 or more, got {max_workers}", params=("max_workers",)
         )
     if mem is not None and mem <= 0:
         raise UserError("memory_limit must be positive", params=("memory_limit",))
-    if not timeout_s > 0:
-        raise UserError(f"timeout_s must be positive, got {timeout_s:g}", params=("timeout_s",))
+    check_seconds(timeout_s, "timeout_s")
 
 
 def _doctor_checks(
