@@ -130,6 +130,53 @@ def test_a_crash_keeps_the_scripts_traceback_first_and_its_exit_status() -> None
     assert error < done.stderr.index("feedrate run")
 
 
+def test_a_script_killed_by_a_signal_is_said_so_and_leaves_no_worker(tmp_path: Path) -> None:
+    # SIGKILL: no exit handler runs, so no report is written; the verdict must not claim that
+    # no loader was iterated, and the workers it left are stopped with its process group.
+    out = tmp_path / "run.json"
+    args = ["--batches", "4", "--workers", "2", "--signal", str(int(signal.SIGKILL))]
+    before = {p.pid for p in psutil.process_iter()}
+    done = feedrate_run("--json", str(out), "train.py", *args)
+    assert done.returncode == 128 + signal.SIGKILL, done.stderr
+    doc = json.loads(out.read_text())
+    assert (
+        "ended by SIGKILL" in doc["verdict"] and "no DataLoader was iterated" not in doc["verdict"]
+    )
+    time.sleep(0.5)
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "train.py" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == []
+
+
+def test_a_report_written_while_workers_die_is_not_lost(tmp_path: Path) -> None:
+    # SIGTERM to the whole group: workers die while the script's report is written, and
+    # torch's SIGCHLD handler raised inside it ("report was lost", in half of the runs).
+    code = (
+        "import os, signal, time, json\n"
+        "from feedrate.running import agent\n"
+        "def died(*_):\n"
+        "    raise RuntimeError('DataLoader worker (pid 1) is killed by signal: Terminated.')\n"
+        "signal.signal(signal.SIGCHLD, died)\n"
+        "agent.start()\n"
+        "def report():\n"
+        "    if os.fork() == 0:\n"
+        "        os._exit(0)\n"
+        "    time.sleep(0.3)\n"  # the child ends meanwhile: SIGCHLD
+        "    return {'written': True}\n"
+        "agent.report = report\n"
+        "agent.write_report()\n"
+    )
+    env = {**os.environ, "FEEDRATE_RUN_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "was lost" not in done.stderr
+    (written,) = tmp_path.glob("*.json")
+    assert json.loads(written.read_text()) == {"written": True}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -2,12 +2,13 @@
 an evaluation loader under ``torch.no_grad()``. Arguments:
 
     train.py [--data-s S] [--step-s S] [--batches N] [--epochs E] [--workers W] [--eval N]
-             [--exit CODE] [--crash] [--hang] [--print-batches] [--shuffle]
+             [--exit CODE] [--crash] [--signal N] [--hang] [--print-batches] [--shuffle]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -40,6 +41,7 @@ def main() -> int:
     p.add_argument("--eval", type=int, default=0)
     p.add_argument("--exit", type=int, default=0)
     p.add_argument("--crash", action="store_true")
+    p.add_argument("--signal", type=int, default=0, help="end by this signal, workers alive")
     p.add_argument("--hang", action="store_true")
     p.add_argument("--print-batches", action="store_true")
     p.add_argument("--shuffle", action="store_true")
@@ -67,6 +69,10 @@ def main() -> int:
                     pass
     if args.crash:
         raise RuntimeError("the script's own failure")
+    if args.signal:
+        it = iter(loader)  # its workers started, alive when the signal ends the script
+        next(it)
+        os.kill(os.getpid(), args.signal)
     print("done", file=sys.stderr)
     return args.exit
 

@@ -182,23 +182,49 @@ def _machine() -> dict[str, Any]:
 
 
 def write_report() -> None:
-    """Write this process's report (once), atomically."""
+    """Write this process's report (once), atomically, as the process ends (at exit,
+    multiprocessing's exit, SIGTERM). SIGCHLD is blocked from then on: on SIGTERM to the whole
+    process group the workers die as the report is written, and torch's SIGCHLD handler raised
+    in the middle of it ("DataLoader worker ... is killed by signal"; unblocked after, it would
+    raise in the user's code instead). A write that fails anyway is tried once more; a report
+    lost leaves ``<pid>.lost`` saying why, for the run's verdict."""
     if _state.get("written") or ENV_DIR not in os.environ:
         return
     _state["written"] = True
-    try:
-        found = report()
-        if found is None:
-            return
-        path = os.path.join(_state["dir"], f"{os.getpid()}.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(found, fh)
-        os.replace(tmp, path)
-    except Exception as exc:
-        sys.stderr.write(f"feedrate run: this process's report was lost: {exc!r}\n")
+    _block(signal.SIGCHLD)
+    error = None
+    for _ in range(2):
+        try:
+            _write(report())
+            error = None
+            break
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        sys.stderr.write(f"feedrate run: this process's report was lost: {error!r}\n")
+        with contextlib.suppress(OSError), open(_path(".lost"), "w") as fh:
+            fh.write(repr(error))
     if getattr(sys, "last_type", None) is KeyboardInterrupt and _main_process():
         _exit_as_interrupted()
+
+
+def _path(suffix: str) -> str:
+    return os.path.join(_state["dir"], f"{os.getpid()}{suffix}")
+
+
+def _write(found: dict[str, Any] | None) -> None:
+    if found is None:
+        return
+    tmp = _path(".json.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(found, fh)
+    os.replace(tmp, _path(".json"))
+
+
+def _block(signum: int) -> None:
+    """Block ``signum`` in this thread (where ``pthread_sigmask`` exists)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
 
 
 def _main_process() -> bool:

@@ -3,8 +3,10 @@ bottleneck, findings and next step decided (``checks.stall``), ranks in order.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 from typing import Any
 
 from feedrate import __version__
@@ -29,6 +31,9 @@ def read_reports(folder: str) -> tuple[list[ProcessRun], list[str]]:
                 found.append(ProcessRun.from_dict(json.load(fh)))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             notes.append(f"the report of process {name[:-5]} could not be read: {exc}")
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".lost")):
+        with contextlib.suppress(OSError), open(os.path.join(folder, name)) as fh:
+            notes.append(f"the report of process {name[:-5]} was lost: {fh.read().strip()}")
     found.sort(key=lambda p: (p.rank is None, p.rank or 0, p.pid))
     return found, notes
 
@@ -66,4 +71,20 @@ def gather(folder: str, command: list[str], outcome: Outcome, *, autotune: bool)
         machine=machine,
         feedrate_version=__version__,
     )
-    return decide(report, command)
+    decide(report, command)
+    if not report.loaders and (notes or outcome.signal is not None):
+        report.verdict = _nothing_back(notes, outcome)
+    return report
+
+
+def _nothing_back(notes: list[str], outcome: Outcome) -> str:
+    """The verdict where no loader's report came back, and something other than an idle
+    script explains it: a report lost, or the script ended by a signal before it could write
+    one (a crash in native code: no exit handler runs)."""
+    if notes:
+        return f"no loader's report came back: {notes[0]}"
+    name = signal.Signals(outcome.signal).name if outcome.signal else "a signal"
+    return (
+        f"no loader's report came back: the command was ended by {name}, and a process "
+        "ended so writes none (whether it iterated a DataLoader is not known)"
+    )

@@ -171,7 +171,7 @@ def run(argv: list[str], env: dict[str, str]) -> Outcome:
             if tty is not None:
                 _take_terminal(tty)
     interrupted = bool(taken) or -code in FORWARDED
-    if interrupted:
+    if interrupted or code < 0:  # a crash (SIGSEGV, SIGKILL) too leaves its workers behind
         _stop_group(proc.pid)
     ended_by = taken[0] if taken else (-code if code < 0 else None)
     exit_code = 128 - code if code < 0 else code
