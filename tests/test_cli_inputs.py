@@ -52,6 +52,11 @@ def target(tmp_path: Path) -> Path:
             "same file",
         ),
         (fault("plot-to-stdout"), lambda t, d: ["--plot", "-"], "give it a name"),
+        (
+            fault("json-into-proc"),  # os.access says yes to root there: the run failed at its end
+            lambda t, d: ["--json", "/proc/feedrate.json"],
+            "the folder /proc is not writable",
+        ),
         (fault("rate-nan"), lambda t, d: ["--rate", "nan"], "--rate must be a positive number"),
         (
             fault("step-time-inf"),
@@ -84,6 +89,22 @@ def test_tune_refuses_bad_input_before_measuring(
     assert (
         target.read_bytes() == before and (tmp_path / "other.py").read_text() == "print('mine')\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("case", "args"),
+    [
+        (fault("prefetch-without-workers"), ["-w", "0", "--prefetch-factor", "4"]),
+        (fault("persistent-without-workers"), ["-w", "0", "--persistent-workers"]),
+        (fault("prefetch-on-a-loader-without-workers"), ["--prefetch-factor", "4"]),
+    ],
+)
+def test_measure_refuses_settings_dataloader_would_ignore(
+    capsys: pytest.CaptureFixture[str], target: Path, case: str, args: list[str]
+) -> None:
+    code, out, err = run(capsys, "measure", f"{target}:loader", *args)
+    assert code == 2 and "need workers (-w 1 or more)" in err, err
+    assert "samples/s" not in out
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,36 @@ def test_worker_killed_by_signal_names_signal_and_cause(signum: int, cause: str)
     assert cause in msg
 
 
+def test_a_crash_in_the_main_process_shows_where_it_happened(tmp_path: Path) -> None:
+    # No worker to report it: the process itself dies (num_workers=0). It used to end with
+    # nothing printed at all; now with the Python line of the dataset that crashed.
+    import subprocess
+    import sys
+
+    from faults import write_target
+
+    target = write_target(
+        tmp_path,
+        "import os, signal, torch\nfrom torch.utils.data import DataLoader, Dataset\n"
+        "class Crashes(Dataset):\n"
+        "    def __len__(self): return 512\n"
+        "    def __getitem__(self, i):\n"
+        "        if i >= 40: os.kill(os.getpid(), signal.SIGSEGV)  # a native crash\n"
+        "        return torch.zeros(8)\n"
+        "loader = DataLoader(Crashes(), batch_size=16)\n",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "feedrate", "measure", f"{target}:loader", "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGSEGV
+    assert "Segmentation fault" in done.stderr
+    line = next(i for i, t in enumerate(target.read_text().splitlines(), 1) if "native" in t)
+    assert f'File "{target}", line {line} in __getitem__' in done.stderr, done.stderr
+
+
 def test_hang_ends_at_timeout_with_message() -> None:
     loader = DataLoader(HangingDataset(at=40), batch_size=8)
     start = time.monotonic()

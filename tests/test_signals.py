@@ -1,6 +1,6 @@
 """What a terminated or twice-interrupted command leaves: no worker process, the exit status
-launchers expect (143 for SIGTERM, as `timeout`, Slurm, Kubernetes and CI send it; 130 for
-Ctrl-C), and one line instead of a traceback."""
+launchers expect (143 for SIGTERM, as `timeout`, Slurm, Kubernetes and CI send it; 129 for
+SIGHUP, a terminal closed; 130 for Ctrl-C), and one line instead of a traceback."""
 
 from __future__ import annotations
 
@@ -38,12 +38,20 @@ def _stop(tmp_path: Path, *signals: tuple[int, float]) -> tuple[int, str, list[p
     return proc.returncode, stderr, alive
 
 
-@pytest.mark.parametrize("case", [fault("sigterm-during-tune")])
-def test_sigterm_stops_every_worker_and_exits_143(tmp_path: Path, case: str) -> None:
-    code, stderr, alive = _stop(tmp_path, (signal.SIGTERM, 0.0))
+@pytest.mark.parametrize(
+    ("case", "signum", "code", "word"),
+    [
+        (fault("sigterm-during-tune"), signal.SIGTERM, 143, "terminated"),
+        (fault("sighup-during-tune"), signal.SIGHUP, 129, "hung up"),  # the terminal closed
+    ],
+)
+def test_sigterm_stops_every_worker_and_exits_143(
+    tmp_path: Path, case: str, signum: int, code: int, word: str
+) -> None:
+    got, stderr, alive = _stop(tmp_path, (signum, 0.0))
     assert not alive, f"workers left running: {[p.pid for p in alive]}"
-    assert code == 143, stderr
-    assert "terminated" in stderr and "Traceback" not in stderr
+    assert got == code, stderr
+    assert word in stderr and "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("case", [fault("second-ctrl-c-during-clean-up")])

@@ -1,11 +1,14 @@
 """The command line: parses, calls the library, prints. ``main`` is the ``feedrate`` command.
 
 Exit status: 0 success, 2 a user mistake (bad target or option), 3 the pipeline failed while
-measured (``doctor`` prints its report first), 130 interrupted.
+measured (``doctor`` prints its report first), 130 interrupted (143 terminated, 129 hung up).
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import os
 import re
 import signal
 import sys
@@ -35,9 +38,26 @@ def in_options(exc: FeedrateError) -> str:
     return message
 
 
+def _show_crashes() -> None:
+    """A crash in native code in this process (a dataset's ``__getitem__`` that segfaults while
+    its batch is made here, with ``num_workers=0``) prints the Python lines it happened at
+    instead of nothing. Not in forked workers: their deaths are reported by feedrate, named
+    (SIGSEGV, SIGBUS from a full /dev/shm) without a dump. Once per process."""
+    if faulthandler.is_enabled() or _CRASHES_SHOWN:
+        return
+    _CRASHES_SHOWN.append(True)
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # no real stderr file
+        faulthandler.enable(all_threads=False)  # the crashing thread: the dataset's line
+        os.register_at_fork(after_in_child=faulthandler.disable)
+
+
+_CRASHES_SHOWN: list[bool] = []
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point: runs the CLI and turns feedrate's errors into one-line
     messages and exit statuses, never a traceback for a user mistake."""
+    _show_crashes()
     ranks.ARGV[:] = list(argv) if argv is not None else sys.argv[1:]
     try:
         with interrupts.stoppable(sigterm=True):
@@ -52,14 +72,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (click.Abort, KeyboardInterrupt):
         # The workers are stopped by now; a second Ctrl-C during exit's own clean-up (atexit
         # handlers) would only print a traceback.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        terminated = interrupts.last_signal() == signal.SIGTERM
+        for signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if signum is not None:
+                signal.signal(signum, signal.SIG_IGN)
+        last = int(interrupts.last_signal() or signal.SIGINT)
+        words = {int(signal.SIGINT): "interrupted", int(signal.SIGTERM): "terminated"}
+        word = words.get(last, "hung up")
         if not ranks.quiet():
-            click.secho(
-                f"feedrate: {'terminated' if terminated else 'interrupted'}", fg="red", err=True
-            )
-        sys.exit(143 if terminated else 130)
+            click.secho(f"feedrate: {word}", fg="red", err=True)
+        sys.exit(128 + int(last))
     except FeedrateError as exc:
         # One unwrapped line: scripts grep it, people read it.
         click.secho(f"feedrate: error: {in_options(exc)}", fg="red", err=True)

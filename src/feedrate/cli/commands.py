@@ -128,12 +128,12 @@ def measure(
     from feedrate.render import console as render
     from feedrate.workflows.measure_node import measure_job
 
-    if persistent_workers and num_workers == 0:
-        raise UserError("--persistent-workers needs workers (-w 1 or more)")
     check_outputs(target, json=json_path)
     loader = load(target)
     own = config_of(loader_of(loader))
     workers = own.num_workers if num_workers is None else num_workers
+    if workers == 0 and (persistent_workers or prefetch_factor):  # DataLoader ignores them
+        raise UserError("--persistent-workers and --prefetch-factor need workers (-w 1 or more)")
     config = LoaderConfig(
         num_workers=workers,
         pin_memory=own.pin_memory if pin_memory is None else pin_memory,

@@ -23,6 +23,11 @@ _last: int | None = None  # the last signal taken, kept after stoppable() ends
 
 _taken = 0  # signals taken while stoppable() is in force
 
+#: The signals ``stoppable()`` may take over.
+_STOPPING = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     """The first signal raises; a second, while that one's clean-up stops the workers, is only
@@ -42,8 +47,8 @@ def _remember(signum: int, frame: FrameType | None) -> None:
 
 
 def last_signal() -> int | None:
-    """The signal that last stopped a run under ``stoppable()`` (SIGINT or SIGTERM), if any:
-    a command line exits 130 for one and 143 for the other."""
+    """The signal that last stopped a run under ``stoppable()`` (SIGINT, SIGTERM or SIGHUP),
+    if any: a command line exits 128 + its number (130, 143, 129)."""
     return _last
 
 
@@ -56,9 +61,11 @@ def check() -> None:
 
 @contextmanager
 def stoppable(*, sigterm: bool = False) -> Iterator[None]:
-    """Within: SIGINT (and SIGTERM if asked) raises ``KeyboardInterrupt`` and is remembered for
-    ``check()``. SIGINT is taken over only where Python's own handler is in place (a program
-    with its own is left alone); outside the main thread nothing changes. Nests."""
+    """Within: SIGINT (and SIGTERM, and SIGHUP where it is left to its default, if asked)
+    raises ``KeyboardInterrupt`` and is remembered for ``check()``: a closed terminal stops a
+    run as Ctrl-C does, its workers stopped. SIGINT is taken over only where Python's own
+    handler is in place (a program with its own is left alone); outside the main thread
+    nothing changes. Nests."""
     global _seen, _taken
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -68,6 +75,9 @@ def stoppable(*, sigterm: bool = False) -> Iterator[None]:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt)
     if sigterm:
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt)
+        hup = getattr(signal, "SIGHUP", None)  # not on Windows
+        if hup is not None and signal.getsignal(hup) is signal.SIG_DFL:
+            previous[hup] = signal.signal(hup, _interrupt)
     try:
         yield
     finally:
@@ -83,7 +93,7 @@ def deferred() -> Iterator[None]:
     For code that must not be cut in half: DataLoader's iterator constructor forks the workers,
     and an iterator interrupted halfway can be neither used nor shut down (its workers are
     unreachable until exit, and its ``__del__`` fails noisily)."""
-    ours = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is _interrupt]
+    ours = [s for s in _STOPPING if signal.getsignal(s) is _interrupt]
     if threading.current_thread() is not threading.main_thread() or not ours:
         yield
         return
