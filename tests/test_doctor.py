@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,25 @@ def test_unsharded_streams_yield_duplicates(dataset: Any) -> None:
     assert "worker 0 and worker 1 yielded the same samples" in found.message
     per_worker = report.evidence["stream"]["per_worker"]
     assert per_worker["0"] == per_worker["1"]
+
+
+class WaitingUnsharded(UnshardedStream):
+    """Every worker yields all of it, each item after a wait: more workers deliver more items
+    a second, every one a repeat."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for item in super().__iter__():
+            time.sleep(0.001)
+            yield item
+
+
+def test_a_duplicated_stream_gets_no_advice_to_add_workers() -> None:
+    loader = DataLoader(WaitingUnsharded(256), batch_size=8, num_workers=2)
+    checks = ["iterable-duplicates", "too-few-workers", "bottleneck"]
+    report = doctoring.doctor(loader, checks=checks, **QUICK)
+    assert "iterable-duplicates" in ids(report)
+    assert "too-few-workers" not in ids(report)  # its faster rate counts repeats
+    assert "bottleneck" not in ids(report)
 
 
 @pytest.mark.parametrize("dataset", [ShardedStream(), ConstantStream()])

@@ -330,7 +330,10 @@ class _Doctor:
             self.seen.pickled_bytes,
         )
         workers = self.compared.worker_count_finding()
-        bottleneck = self.compared.bottleneck_finding()
+        digests = self.seen.digests  # more workers of a stream each repeat it: no such advice
+        dup = digests is not None and checks_dataset.duplicates_finding(digests, self.workers)
+        workers = None if dup and workers and workers.id == "too-few-workers" else workers
+        bottleneck = None if dup else self.compared.bottleneck_finding()  # rates of repeats
         stall = None
         if self.consumer is not None and bottleneck is not None and workers is None:
             stall = data_stall_finding(base, bottleneck.fix)  # else too-few says it
