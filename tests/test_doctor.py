@@ -411,6 +411,8 @@ def test_bad_arguments_are_user_errors() -> None:
     loader = DataLoader(TinyDataset())
     with pytest.raises(UserError, match="unknown check 'nope'"):
         doctoring.doctor(loader, checks=["nope"])
+    with pytest.raises(UserError, match="'workers-past-cpus' is found by tune or run, not by"):
+        doctoring.doctor(loader, checks=["workers-past-cpus"])  # `feedrate explain` lists it
     with pytest.raises(UserError, match="unknown machine fact 'shm'"):
         doctoring.doctor(loader, machine={"shm": 1})
     with pytest.raises(UserError, match="at most one"):

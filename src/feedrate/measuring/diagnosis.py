@@ -102,7 +102,8 @@ def _killed_message(deaths: list[tuple[int, int | None, int]], fallback: str) ->
         what = f"was killed by {sig.name}: {cause}"
     else:
         what = f"exited with status {code}"
-    more = f" ({len(deaths) - 1} more workers died too)" if len(deaths) > 1 else ""
+    n = len(deaths) - 1
+    more = f" ({n} more worker{'s' if n > 1 else ''} died too)" if n else ""
     return f"{who} {what}{more}"
 
 

@@ -190,7 +190,7 @@ class Watchdog:
 
     def message(self) -> str:
         return (
-            f"no batch arrived within {self.timeout_s:g} s ({self._describe()}): the pipeline "
+            f"no batch arrived within {self.timeout_s:.3g} s ({self._describe()}): the pipeline "
             "appears to hang; check for a deadlock or a blocking read in the dataset, or raise "
             "the timeout if a batch really takes that long (timeout_s=..., or --timeout)"
         )

@@ -151,7 +151,7 @@ class Workers:
         quiesce(self.it, Watchdog(None, str))
         if isinstance(exc, RuntimeError) and "timed out after" in str(exc):
             error: PipelineError | None = PipelineTimeoutError(
-                f"no item arrived within {self.timeout_s:g} s: the pipeline appears to hang "
+                f"no item arrived within {self.timeout_s:.3g} s: the pipeline appears to hang "
                 "(a deadlock, a blocking read, or a worker_init_fn that never returns)"
             )
         else:

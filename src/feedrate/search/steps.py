@@ -224,8 +224,9 @@ def threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
         return None  # the workers never mostly waited: threads would only compete for CPUs
     t_max, b = space.max_threads, best.config.num_workers
     w = min(b, max(1, math.ceil(2 * b / t_max)))
+    workers = f"{w} worker{'s' if w > 1 else ''}"
     why = (
-        f"for the report: {w} workers on {t_max} threads each keep {w * t_max / b:.3g}× the "
+        f"for the report: {workers} on {t_max} threads each keep {w * t_max / b:.3g}× the "
         f"requests in flight of {b} worker processes (threads are recommended only with "
         "--threads)"
     )

@@ -83,9 +83,15 @@ def wanted_checks(ids: Collection[str] | None) -> set[str]:
         return set(CHECKS)
     unknown = sorted(set(ids) - set(CHECKS))
     if unknown:
-        raise UserError(
-            f"unknown check {', '.join(map(repr, unknown))}: choose from {', '.join(CHECKS)}"
+        from feedrate.checks.catalog import CATALOG
+
+        others = [i for i in unknown if i in CATALOG]  # tune's or run's findings, not the doctor's
+        what = (
+            f"{', '.join(map(repr, others))} is found by tune or run, not by the doctor"
+            if others
+            else f"unknown check {', '.join(map(repr, unknown))}"
         )
+        raise UserError(f"{what}: choose from {', '.join(CHECKS)}")
     return set(ids)
 
 
