@@ -188,6 +188,12 @@ def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     assert tuned.bottleneck == "consumer"
     steps = rules.next_step(tuned, ["train.py"], 2)
     assert "autotune moved w=0 → w=2 pf=2" in steps[0] and "num_workers=2" in steps[0]
+    starved = run_of()
+    starved.autotune = AutotuneChange(
+        before=LoaderConfig(), after=LoaderConfig(num_workers=2), settled=True, stall_after=0.6
+    )
+    stall = next(f for f in rules.findings(starved, {}) if f.id == "data-stall")
+    assert "with autotune's settings (w=2" in stall.message  # not "your settings": yours were w=0
 
 
 # --- the report: JSON and rendering ----------------------------------------------------------

@@ -205,7 +205,8 @@ def findings(ld: LoaderRun, machine: dict[str, Any]) -> list[Finding]:
     trial = observed_trial(ld)
     found: list[Finding] = []
     kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
-    stall = data_stall_finding(trial, _FIX.get(kind, _FIX["unknown"]))
+    whose = "autotune's" if trial.config != ld.config else "your"
+    stall = data_stall_finding(trial, _FIX.get(kind, _FIX["unknown"]), whose)
     if stall is not None and ld.role == "train":
         found.append(stall)
     epoch_samples = ld.epoch_batches * ld.batch_size if ld.epoch_batches and ld.batch_size else None

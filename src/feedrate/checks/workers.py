@@ -119,16 +119,17 @@ def startup_finding(
     )
 
 
-def data_stall_finding(together: Trial, fix: str) -> Finding | None:
-    """With a consumer: your settings leave it waiting for data beyond ``STALL_MARGIN``. The fix
-    is what would help the bottleneck found."""
+def data_stall_finding(together: Trial, fix: str, whose: str = "your") -> Finding | None:
+    """With a consumer: your settings (``whose``: "autotune's", once it tuned them) leave it
+    waiting for data beyond ``STALL_MARGIN``. The fix is what would help the bottleneck
+    found."""
     stall = together.stall_fraction
     if not together.measured or stall is None or stall <= STALL_MARGIN:
         return None
     return Finding(
         "data-stall",
         "warning",
-        f"with your settings ({together.config.label()}) the consumer waits for data "
+        f"with {whose} settings ({together.config.label()}) the consumer waits for data "
         f"{stall:.0%} of the time: {together.median:,.0f} samples/s reach it",
         fix,
     )
