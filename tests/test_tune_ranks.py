@@ -11,6 +11,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from feedrate.cli.ranks import without_nproc
 from feedrate.distributed.group import ranks_of
-from feedrate.distributed.launch import free_port
+from feedrate.distributed.launch import INTERRUPT_GRACE_S, free_port
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
@@ -347,7 +348,16 @@ def test_outside_a_job_nothing_changes() -> None:
     assert not torch.distributed.is_initialized()
 
 
-def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path, short_tmp: str) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code", "word", "group"),
+    [
+        (signal.SIGINT, 130, "interrupted", True),  # Ctrl-C: the terminal's whole group
+        (signal.SIGTERM, 143, "terminated", False),  # kill PID: the launcher alone
+    ],
+)
+def test_ctrl_c_ends_every_rank_with_one_line(
+    tmp_path: Path, short_tmp: str, signum: int, code: int, word: str, group: bool
+) -> None:
     (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
     run = [sys.executable, "-m", "feedrate", "tune", "job.py:loader", "--nproc-per-node", "2"]
     run += ["--budget-s", "120", "--fresh"]
@@ -367,9 +377,13 @@ def test_ctrl_c_ends_every_rank_with_one_line(tmp_path: Path, short_tmp: str) ->
         seen.append(line)
         if "(your settings)" in line:
             break
-    os.killpg(p.pid, signal.SIGINT)
+    sent = time.monotonic()
+    (os.killpg if group else os.kill)(p.pid, signum)
     rest, _ = p.communicate(timeout=120)
+    took = time.monotonic() - sent
     said = "".join(seen) + rest
-    assert p.returncode == 130, said[-2000:]
-    assert said.count("feedrate: interrupted") == 1
+    assert p.returncode == code, said[-2000:]
+    assert said.count(f"feedrate: {word}") == 1
     assert not left_behind(str(tmp_path))
+    # Passed on to the ranks, not waited on for INTERRUPT_GRACE_S (10 s) and then sent.
+    assert took < INTERRUPT_GRACE_S, took

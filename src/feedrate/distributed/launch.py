@@ -4,7 +4,8 @@ the environment ``torch.distributed``'s ``env://`` initialization reads (``RANK`
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
 ``MASTER_PORT``), and ``OMP_NUM_THREADS=1`` where unset, as torchrun sets it for several ranks.
 
-The ranks share this terminal (a Ctrl-C reaches all of them). When one rank ends with an error,
+The ranks share this terminal (a Ctrl-C reaches all of them); SIGTERM or SIGHUP sent to this
+process is passed on to them. When one rank ends with an error,
 the others are given ``GRACE_S`` to end on their own (they learn of it at their next
 collective), then terminated; none is left running when this returns.
 """
@@ -17,6 +18,8 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
+
+from feedrate.measuring import interrupts
 
 #: Seconds the other ranks get to end by themselves after one failed.
 GRACE_S = 15.0
@@ -68,7 +71,14 @@ def run_ranks(command: Sequence[str], ranks: int, *, grace_s: float = GRACE_S) -
                 break
             time.sleep(0.1)
     except KeyboardInterrupt:
-        _wait_all(procs, INTERRUPT_GRACE_S)  # the same Ctrl-C reached them: let them end
+        # A Ctrl-C on the terminal reached them too; a signal sent to this process alone
+        # (kill, a closed terminal's SIGHUP) is passed on, so they end as soon.
+        signum = interrupts.last_signal() or signal.SIGINT
+        if signum != signal.SIGINT:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
+        _wait_all(procs, INTERRUPT_GRACE_S)
         raise
     finally:
         stop(procs)
