@@ -348,6 +348,21 @@ def test_outside_a_job_nothing_changes() -> None:
     assert not torch.distributed.is_initialized()
 
 
+def test_a_mistake_in_the_command_is_said_once(tmp_path: Path, short_tmp: str) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    run = [sys.executable, "-m", "feedrate", "tune", "job.py:nope", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        run,
+        env={**_env(tmp_path), "TMPDIR": short_tmp},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("has no name 'nope'") == 1, done.stderr  # rank 0's, not each rank's
+
+
 @pytest.mark.parametrize(
     ("signum", "code", "word", "group"),
     [

@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             click.secho(f"feedrate: {word}", fg="red", err=True)
         sys.exit(128 + int(last))
     except FeedrateError as exc:
-        # One unwrapped line: scripts grep it, people read it.
-        click.secho(f"feedrate: error: {in_options(exc)}", fg="red", err=True)
+        # One unwrapped line: scripts grep it, people read it. A mistake in the command is the
+        # same on every rank: rank 0 says it.
+        if not (isinstance(exc, UserError) and ranks.other_rank()):
+            click.secho(f"feedrate: error: {in_options(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

@@ -34,9 +34,14 @@ _FILES = ("json_path", "plot_path", "html_path")
 
 def quiet() -> bool:
     """This process started the ranks, or is a rank other than 0: rank 0 says what happened."""
+    return STARTED or other_rank()
+
+
+def other_rank() -> bool:
+    """This process is a rank of a launched job other than rank 0."""
     from feedrate.distributed import group
 
-    return STARTED or (group.launched() and os.environ.get("RANK") != "0")
+    return group.launched() and os.environ.get("RANK") != "0"
 
 
 def without_nproc(argv: Sequence[str]) -> list[str]:
