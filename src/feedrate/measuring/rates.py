@@ -35,11 +35,14 @@ def stall_fraction(windows: list[Window]) -> float:
 
 def summarize(windows: list[Window]) -> Rate:
     """Aggregate rate (total samples / total seconds) and the per-window spread. Partial windows
-    count in the aggregate; the spread uses full windows only when there are any."""
+    count in the aggregate; the spread uses the full windows where they are at least half of
+    them, else all: epochs of a few dozen batches cut most windows at their end, and the one
+    full window among 30 (a pause filled it by time) read a tenth of the rate the rest did."""
     seconds = sum(w.seconds for w in windows)
     samples = sum(w.samples for w in windows)
     batches = sum(w.batches for w in windows)
-    spread_from = [w for w in windows if w.full] or windows
+    full = [w for w in windows if w.full]
+    spread_from = full if full and 2 * len(full) >= len(windows) else windows
     rates = [w.samples_per_s for w in spread_from]
     if not rates or seconds <= 0:
         return Rate(0.0, 0.0, [], 0.0, 0.0, 0.0, 0.0)
