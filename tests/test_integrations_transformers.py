@@ -117,6 +117,27 @@ def test_tune_trainer_sets_the_arguments_the_trainer_builds_from(
     assert feedrate_lines(capsys.readouterr().out) == []  # said once, before training
 
 
+def test_a_trainer_as_the_target_is_answered_in_its_arguments_words(tmp_path: Path) -> None:
+    # `feedrate tune train.py:trainer`: the code line a Trainer user can use.
+    from feedrate.loader.code import code_line
+    from feedrate.loader.config import LoaderConfig
+    from feedrate.loader.target import load_target
+
+    from faults import write_target
+
+    target = write_target(
+        tmp_path,
+        "from pathlib import Path\nfrom test_integrations_transformers import trainer\n"
+        f"t = trainer(Path({str(tmp_path)!r}))\n",
+    )
+    loader = load_target(f"{target}:t")
+    line = code_line(loader, LoaderConfig(4, prefetch_factor=2, persistent_workers=True))
+    assert line == (
+        "TrainingArguments(..., dataloader_num_workers=4, dataloader_pin_memory=False, "
+        "dataloader_prefetch_factor=2, dataloader_persistent_workers=True)"
+    )
+
+
 def test_the_callback_tunes_this_run_s_loader_and_the_arguments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,18 +28,14 @@ from feedrate.integrations.shared import (
     share_cpus,
     tune_shared,
 )
+from feedrate.loader.code import TRAINING_ARGUMENTS
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.tune import TuneResult
 
 __all__ = ["ARGUMENT_NAMES", "FeedrateTrainerCallback", "apply_to_args", "tune_trainer"]
 
 #: ``TrainingArguments``' names for the DataLoader settings feedrate applies.
-ARGUMENT_NAMES: Mapping[str, str] = {
-    "num_workers": "dataloader_num_workers",
-    "prefetch_factor": "dataloader_prefetch_factor",
-    "persistent_workers": "dataloader_persistent_workers",
-    "pin_memory": "dataloader_pin_memory",
-}
+ARGUMENT_NAMES: Mapping[str, str] = TRAINING_ARGUMENTS
 
 DEFAULT_BUDGET_S = 30.0
 

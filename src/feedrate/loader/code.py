@@ -9,10 +9,28 @@ from torch.utils.data import DataLoader, RandomSampler
 from feedrate.loader import libraries
 from feedrate.loader.config import LoaderConfig
 
+#: A loader a transformers ``Trainer`` builds is set by its ``TrainingArguments``, in these words.
+TRAINING_ARGUMENTS = {
+    "num_workers": "dataloader_num_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+    "persistent_workers": "dataloader_persistent_workers",
+    "pin_memory": "dataloader_pin_memory",
+}
+
+#: ``libraries.mark_wrapped``'s name for a loader a transformers ``Trainer`` builds.
+BY_TRAINER = "TrainingArguments"
+
 
 def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
     """A ``DataLoader(...)`` line with the loader's batching and the recommended settings,
-    named by the loader's own class (``StreamingDataLoader(...)`` for litdata's)."""
+    named by the loader's own class (``StreamingDataLoader(...)`` for litdata's); for one a
+    transformers ``Trainer`` builds, its ``TrainingArguments(...)`` words."""
+    if libraries.class_name(loader) == BY_TRAINER:
+        given = config.kwargs().items()
+        words = [f"{TRAINING_ARGUMENTS[k]}={v!r}" for k, v in given if k in TRAINING_ARGUMENTS]
+        if config.threads > 1:
+            words.append(f"train_dataset=feedrate.threaded(train_dataset, {config.threads})")
+        return f"TrainingArguments(..., {', '.join(words)})"
     parts = [f"feedrate.threaded(dataset, {config.threads})" if config.threads > 1 else "dataset"]
     custom_batches = loader.batch_size is None and loader.batch_sampler is not None
     if custom_batches:

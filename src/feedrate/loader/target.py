@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from feedrate.errors import TargetError
 from feedrate.loader import libraries
+from feedrate.loader.code import BY_TRAINER
 from feedrate.loader.init_args import recording
 from feedrate.loader.rebuild import quiet_worker_count_warning
 
@@ -271,6 +272,8 @@ def _held_loader(value: object, target: TargetSpec) -> DataLoader[Any] | None:
     else:
         held = _run_user(target, "getting its DataLoader", lambda: loader_from(value))
     if held is not None:
+        if type(value).__module__.startswith("transformers"):  # a Trainer: set by its arguments
+            libraries.mark_wrapped(held, BY_TRAINER)
         return held
     parts = libraries.webloader_parts(value)
     if parts is not None:
