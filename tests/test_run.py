@@ -151,6 +151,16 @@ def test_a_script_killed_by_a_signal_is_said_so_and_leaves_no_worker(tmp_path: P
     assert left == []
 
 
+def test_a_script_s_own_autotune_is_said_so(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    done = feedrate_run("--json", str(out), "own_autotune.py", env=env)
+    assert done.returncode == 0, done.stderr
+    verdict = json.loads(out.read_text())["verdict"]
+    assert "feedrate.autotune() in the script tuned 1 loader(s)" in verdict, verdict
+    assert "no DataLoader was iterated" not in verdict
+
+
 def test_a_report_written_while_workers_die_is_not_lost(tmp_path: Path) -> None:
     # SIGTERM to the whole group: workers die while the script's report is written, and
     # torch's SIGCHLD handler raised inside it ("report was lost", in half of the runs).

@@ -156,8 +156,16 @@ def report() -> dict[str, Any] | None:
     rank = _int_env("RANK")
     rank = _int_env("LOCAL_RANK") if rank is None else rank
     loaders = [w.result(os.getpid(), rank) for w in registry.watches if w.batches]
+    notes = list(_state.get("notes", []))
     if not loaders:
-        return None
+        made = len(getattr(sys.modules.get("feedrate.autotuning.api"), "MADE", ()))
+        if not made:
+            return None
+        notes.append(
+            f"feedrate.autotune() in the script tuned {made} loader(s): their batches come from "
+            "autotune's own loaders, which feedrate run does not follow; AutoLoader.report() "
+            "has them"
+        )
     run = ProcessRun(
         pid=os.getpid(),
         ppid=os.getppid(),
@@ -167,7 +175,7 @@ def report() -> dict[str, Any] | None:
         world_size=_int_env("WORLD_SIZE"),
         loaders=loaders,
         machine=_machine(),
-        notes=list(_state.get("notes", [])),
+        notes=notes,
     )
     return run.to_dict()
 

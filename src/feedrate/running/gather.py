@@ -72,17 +72,19 @@ def gather(folder: str, command: list[str], outcome: Outcome, *, autotune: bool)
         feedrate_version=__version__,
     )
     decide(report, command)
-    if not report.loaders and (notes or outcome.signal is not None):
-        report.verdict = _nothing_back(notes, outcome)
+    said = [n for p in processes for n in p.notes]
+    if not report.loaders and (notes or said or outcome.signal is not None):
+        report.verdict = _nothing_back([*notes, *said], outcome)
     return report
 
 
 def _nothing_back(notes: list[str], outcome: Outcome) -> str:
     """The verdict where no loader's report came back, and something other than an idle
-    script explains it: a report lost, or the script ended by a signal before it could write
-    one (a crash in native code: no exit handler runs)."""
+    script explains it: a report lost, the script's own ``feedrate.autotune()`` (whose lanes'
+    loaders are not followed), or the script ended by a signal before it could write one (a
+    crash in native code: no exit handler runs)."""
     if notes:
-        return f"no loader's report came back: {notes[0]}"
+        return f"no DataLoader that feedrate run follows was seen: {notes[0]}"
     name = signal.Signals(outcome.signal).name if outcome.signal else "a signal"
     return (
         f"no loader's report came back: the command was ended by {name}, and a process "
