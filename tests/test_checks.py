@@ -232,13 +232,15 @@ def test_shm_too_small() -> None:
 
 def test_task_limit_names_the_processes_and_threads_left() -> None:
     cfg = LoaderConfig(32, prefetch_factor=2)  # 32 workers of about 4 tasks: 128
-    low = task_limit_finding(cfg, machine(tasks_free=100))
+    low = task_limit_finding(cfg, machine(tasks_free=90))  # even 3 each (96) would not fit
     assert low is not None and low.id == "task-limit" and low.severity == "error"
-    assert "only 100 more processes and threads" in low.message
+    assert "only 90 more processes and threads" in low.message
     assert "Resource temporarily unavailable" in low.message
-    assert "num_workers=20 or fewer" in low.fix and "--pids-limit" in low.fix
-    near = task_limit_finding(cfg, machine(tasks_free=150))
+    assert "num_workers=18 or fewer" in low.fix and "--pids-limit" in low.fix
+    near = task_limit_finding(cfg, machine(tasks_free=100))  # 96 fit: they start, but close
     assert near is not None and near.severity == "warning"
+    assert task_limit_finding(cfg, machine(tasks_free=100), at="error") is None  # not refused
+    assert task_limit_finding(cfg, machine(tasks_free=150)) is not None
     assert task_limit_finding(cfg, machine(tasks_free=10_000)) is None
     assert task_limit_finding(cfg, machine(tasks_free=None)) is None
     assert task_limit_finding(LoaderConfig(0), machine(tasks_free=0)) is None

@@ -200,3 +200,15 @@ def test_library_names_become_options_only_where_they_are_named() -> None:
         "budget_s=1 is too short; rate and max_workers stay", params=("budget_s", "rate")
     )
     assert in_options(exc) == "--budget-s=1 is too short; --rate and max_workers stay"
+
+
+def test_seconds_of_any_real_number_type_are_taken() -> None:
+    import numpy as np
+
+    from feedrate.units import check_seconds
+
+    for ok in (2, 2.5, np.float32(2), np.int64(30)):
+        check_seconds(ok, "seconds")  # numpy's scalars too, as before the finite check
+    for bad in (True, 0, -1.0, float("nan"), float("inf"), "5"):
+        with pytest.raises(UserError, match="seconds must be a positive, finite duration"):
+            check_seconds(bad, "seconds")  # type: ignore[arg-type]

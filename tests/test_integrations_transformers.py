@@ -136,6 +136,10 @@ def test_a_trainer_as_the_target_is_answered_in_its_arguments_words(tmp_path: Pa
         "TrainingArguments(..., dataloader_num_workers=4, dataloader_pin_memory=False, "
         "dataloader_prefetch_factor=2, dataloader_persistent_workers=True)"
     )
+    threaded = code_line(loader, LoaderConfig(2, prefetch_factor=2, threads=8))
+    assert threaded.endswith(  # not a TrainingArguments argument: the Trainer's dataset
+        "; Trainer(..., train_dataset=feedrate.threaded(train_dataset, 8))"
+    )
 
 
 def test_the_callback_tunes_this_run_s_loader_and_the_arguments(

@@ -225,17 +225,20 @@ def test_usable_cpus(affinity: int, quota: float | None, expected: int) -> None:
     assert usable_cpus(affinity, quota) == expected
 
 
-def test_collect_uses_injected_cgroup_tree(tmp_path: Path) -> None:
+def test_collect_uses_injected_cgroup_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    no_nproc_limit(monkeypatch)
     root, proc = v2_tree(tmp_path, "/job")
     write(root / "job/cpu.max", "50000 100000")
     write(root / "job/memory.max", "536870912")
+    write(root / "job/pids.max", "300")
+    write(root / "job/pids.current", "42")
     facts = collect(cgroup_root=root, proc_self_cgroup=proc, shm_path=tmp_path / "no_shm")
     assert facts.cpu_quota == 0.5
     assert facts.cpus_usable == 1
     assert facts.memory_limit_bytes == 536870912
     assert facts.shm_total_bytes is None
     assert facts.shm_free_bytes is None
-    assert facts.tasks_free is None or facts.tasks_free >= 0
+    assert facts.tasks_free == 258
 
 
 def test_collect_on_this_machine() -> None:

@@ -151,13 +151,52 @@ def test_a_script_killed_by_a_signal_is_said_so_and_leaves_no_worker(tmp_path: P
     assert left == []
 
 
+LIBRARY = """from torch.utils.data import DataLoader, SubsetRandomSampler
+def make(ds):
+    return (DataLoader(ds, batch_size=4, sampler=SubsetRandomSampler(range(0, 48))),
+            DataLoader(ds, batch_size=8, sampler=SubsetRandomSampler(range(48, 64))))
+"""
+
+SCRIPT = """import torch
+from mylib import make
+train, val = make(torch.arange(64.0))
+for _ in range(2):
+    for batch in train:
+        pass
+    with torch.no_grad():
+        seen = sorted(int(x) for batch in val for x in batch)
+    print("val", min(seen), len(seen))
+"""
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+def test_two_loaders_one_library_call_builds_stay_two(tmp_path: Path, autotune: bool) -> None:
+    # Both are shown at the user's line (the library's frames skipped); they must not become
+    # one loader: under --autotune the evaluation loop was fed the training loader's batches.
+    lib = tmp_path / "site-packages"
+    lib.mkdir()
+    (lib / "mylib.py").write_text(LIBRARY)
+    (tmp_path / "two.py").write_text(SCRIPT)
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    env["PYTHONPATH"] = os.pathsep.join([str(lib), env.get("PYTHONPATH", "")])
+    out = tmp_path / "run.json"
+    flags = ["--autotune"] if autotune else []
+    done = feedrate_run(*flags, "--json", str(out), "two.py", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["val 48 16", "val 48 16"]  # its own samples, each time
+    roles = sorted(ld["role"] for ld in json.loads(out.read_text())["loaders"])
+    assert roles == ["eval", "train"]
+
+
 def test_a_script_s_own_autotune_is_said_so(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
     done = feedrate_run("--json", str(out), "own_autotune.py", env=env)
     assert done.returncode == 0, done.stderr
-    verdict = json.loads(out.read_text())["verdict"]
+    doc = json.loads(out.read_text())
+    verdict = doc["verdict"]
     assert "feedrate.autotune() in the script tuned 1 loader(s)" in verdict, verdict
+    assert len(doc["processes"]) == 1  # the script's: not each of autotune's workers too
     assert "no DataLoader was iterated" not in verdict
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,13 @@ def test_a_name_is_suggested_only_where_importing_the_file_gives_it(
     path = tmp_path / "train.py"
     path.write_text(body)
     assert importable(str(path), "loader") is expected
+
+
+def test_a_run_ended_by_a_real_time_signal_gets_a_verdict() -> None:
+    from feedrate.running.gather import _nothing_back
+    from feedrate.running.launch import Outcome
+
+    rt = signal.SIGRTMIN + 6  # no name of its own in signal.Signals
+    said = _nothing_back([], Outcome(exit_code=128 + rt, signal=rt, wall_s=1.0))
+    assert f"ended by signal {rt}" in said
+    assert "ended by SIGKILL" in _nothing_back([], Outcome(137, signal.SIGKILL, 1.0))

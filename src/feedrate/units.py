@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 MiB = 2**20
@@ -14,7 +15,8 @@ def check_seconds(value: float | None, param: str) -> None:
     end."""
     from feedrate.errors import UserError
 
-    ok = isinstance(value, int | float) and math.isfinite(value) and value > 0
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)  # numpy's too
+    ok = real and math.isfinite(value) and value > 0  # type: ignore[arg-type,operator]
     if value is not None and not ok:
         raise UserError(
             f"{param} must be a positive, finite duration (s), got {value!r}", params=(param,)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -71,10 +72,16 @@ def autotune(
     )
     if webloader is not None:  # wds.WebLoader: tune its DataLoader, keep the stages after it
         auto._pipeline = delegation.around(loader, auto._epoch)
-    MADE.append(1)
+    MADE.append(os.getpid())
     return auto
 
 
-#: One entry per ``autotune()`` call in this process (``feedrate run`` counts the script's own,
-#: whose batches its lanes' loaders deliver, not the loader it watches).
+#: The pid of the process of each ``autotune()`` call (``feedrate run`` counts the script's
+#: own, whose batches its lanes' loaders deliver, not the loader it watches; a forked worker
+#: inherits the list, so only this process's entries count: ``made_here``).
 MADE: list[int] = []
+
+
+def made_here() -> int:
+    """``autotune()`` calls made in this process."""
+    return MADE.count(os.getpid())

@@ -201,10 +201,10 @@ def _start_config(
             return online(config), FROM_CACHE, stall if isinstance(stall, float) else None
     own = config_of(loader)
     if own.num_workers > 0:
-        most = max(1, most_workers(space))
+        most = max(1, most_workers(space, own.threads))
         if own.num_workers <= most:
             return online(own), "your settings", None
-        limit = "task-limit" if most < space.max_workers else "max_workers, or an epoch's batches"
+        limit = "task-limit" if most < space.max_workers else "max_workers, shards or batches"
         why = f"your settings, lowered from {own.num_workers} workers to {most} ({limit})"
         return online(replace(own, num_workers=most)), why, None
     most = most_workers(space)

@@ -18,6 +18,7 @@ from feedrate.search.space import (
     FDS_PER_WORKER,
     SHM_HEADROOM,
     TASKS_PER_WORKER,
+    TASKS_SEEN,
     tasks,
 )
 from feedrate.units import size
@@ -232,24 +233,26 @@ def task_limit_finding(
 ) -> Finding | None:
     """The processes and threads left to start (the cgroup's ``pids.max``, ``ulimit -u``)
     against those ``config``'s workers hold: about ``TASKS_PER_WORKER`` each, their threads
-    included. ``at="error"``: only a finding that they do not fit."""
+    included. An error where even ``TASKS_SEEN`` each would not fit; ``at="error"``: only
+    that (what refuses to start a run: settings that start are never refused)."""
     free = machine.get("tasks_free")
     if free is None or config.num_workers == 0:
         return None
-    need = tasks(config)
-    if need <= (free if at == "error" else free * FD_WARN_SHARE):
+    need, least = tasks(config), tasks(config, TASKS_SEEN)  # planned, and at the least
+    if least <= free if at == "error" else need <= free * FD_WARN_SHARE:
         return None
     each = need // config.num_workers
     fits = max(0, int(free * FD_WARN_SHARE) // each)
+    over = least > free
     return Finding(
         "task-limit",
-        "error" if need > free else "warning",
+        "error" if over else "warning",
         f"only {free} more processes and threads may start here (the cgroup's pids.max or "
         f"ulimit -u), and {config.label()} starts {config.num_workers} worker processes of "
         f"about {each} each ({need}): "
         + (
             "expect 'Resource temporarily unavailable' when they start"
-            if need > free
+            if over
             else "close to 'Resource temporarily unavailable'"
         ),
         f"num_workers={fits} or fewer, or raise the limit (docker run --pids-limit, the "
@@ -377,6 +380,9 @@ DOCS = (
             "Fewer workers (the message gives a count), or raise the limit: `docker run "
             "--pids-limit`, the kubelet's `podPidsLimit`, `ulimit -u`."
         ),
-        severity="error when the workers need more than are left; warning above 80% of it",
+        severity=(
+            "error when the workers need more than are left, even at 3 each (a run is then not "
+            "started); warning above 80% of them at 4 each"
+        ),
     ),
 )

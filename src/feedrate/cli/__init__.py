@@ -20,7 +20,7 @@ from feedrate.cli import ranks
 from feedrate.cli.commands import cli
 from feedrate.cli.options import OPTION_OF
 from feedrate.cli.run import run_command
-from feedrate.errors import FeedrateError, UserError
+from feedrate.errors import FeedrateError, TargetError, UserError
 from feedrate.measuring import interrupts
 
 __all__ = ["cli", "main"]
@@ -82,9 +82,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             click.secho(f"feedrate: {word}", fg="red", err=True)
         sys.exit(128 + int(last))
     except FeedrateError as exc:
-        # One unwrapped line: scripts grep it, people read it. A mistake in the command is the
-        # same on every rank: rank 0 says it.
-        if not (isinstance(exc, UserError) and ranks.other_rank()):
+        # One unwrapped line: scripts grep it, people read it. A bad TARGET is the same on
+        # every rank of one node: rank 0 says it (a rank's own trouble, such as joining the
+        # job, and another node's files, are said by the rank).
+        if not (isinstance(exc, TargetError) and ranks.other_rank() and ranks.one_node()):
             click.secho(f"feedrate: error: {in_options(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

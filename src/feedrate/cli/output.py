@@ -62,7 +62,8 @@ def check_outputs(target: str | None, **paths: Path | None) -> None:
         folder = resolved.parent
         if not folder.is_dir():
             raise UserError(f"{flag} {path}: the folder {folder} does not exist")
-        if not _can_write_in(folder):
+        device = resolved.exists() and not resolved.is_file()  # /dev/stdout, a pipe
+        if not (os.access(resolved, os.W_OK) if device else _can_write_in(folder)):
             raise UserError(f"{flag} {path}: the folder {folder} is not writable")
         if resolved in seen:
             raise UserError(f"{flag} and --{seen[resolved]} name the same file, {path}")

@@ -37,6 +37,11 @@ def quiet() -> bool:
     return STARTED or other_rank()
 
 
+def one_node() -> bool:
+    """Every rank of the job runs on this node (``LOCAL_WORLD_SIZE`` is ``WORLD_SIZE``)."""
+    return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+
+
 def other_rank() -> bool:
     """This process is a rank of a launched job other than rank 0."""
     from feedrate.distributed import group

@@ -28,9 +28,13 @@ def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
     if libraries.class_name(loader) == BY_TRAINER:
         given = config.kwargs().items()
         words = [f"{TRAINING_ARGUMENTS[k]}={v!r}" for k, v in given if k in TRAINING_ARGUMENTS]
-        if config.threads > 1:
-            words.append(f"train_dataset=feedrate.threaded(train_dataset, {config.threads})")
-        return f"TrainingArguments(..., {', '.join(words)})"
+        line = f"TrainingArguments(..., {', '.join(words)})"
+        if config.threads > 1:  # not an argument: the Trainer's dataset, wrapped
+            threaded = f"feedrate.threaded(train_dataset, {config.threads})"
+            line += f"; Trainer(..., train_dataset={threaded})"
+        if config.in_order is False:  # not an argument either: say so rather than drop it
+            line += "  # and in_order=False, which TrainingArguments cannot set"
+        return line
     parts = [f"feedrate.threaded(dataset, {config.threads})" if config.threads > 1 else "dataset"]
     custom_batches = loader.batch_size is None and loader.batch_sampler is not None
     if custom_batches:

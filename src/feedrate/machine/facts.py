@@ -154,12 +154,19 @@ def _pids_free(limit: str | None, current: str | None) -> int | None:
         return None
 
 
+#: A ``ulimit -u`` from this many tasks is not counted against (distributions set 60k-1M; a
+#: search plans at most 512 workers, about 2k tasks): ``collect()`` stays cheap.
+NPROC_UNCOUNTED = 2**15
+
+
 def _nproc_free() -> int | None:
     import resource  # not on Windows: _safe answers None there
 
     soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     if soft == resource.RLIM_INFINITY or soft < 0 or os.geteuid() == 0:
         return None  # root (CAP_SYS_RESOURCE) is not held to it
+    if soft >= NPROC_UNCOUNTED:
+        return None  # far above what loaders start: not worth a scan of every process
     uid = os.getuid()
     used = 0
     for p in psutil.process_iter(["uids", "num_threads"]):

@@ -158,7 +158,8 @@ def report() -> dict[str, Any] | None:
     loaders = [w.result(os.getpid(), rank) for w in registry.watches if w.batches]
     notes = list(_state.get("notes", []))
     if not loaders:
-        made = len(getattr(sys.modules.get("feedrate.autotuning.api"), "MADE", ()))
+        api = sys.modules.get("feedrate.autotuning.api")
+        made = api.made_here() if api is not None else 0
         if not made:
             return None
         notes.append(

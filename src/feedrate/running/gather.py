@@ -85,7 +85,12 @@ def _nothing_back(notes: list[str], outcome: Outcome) -> str:
     crash in native code: no exit handler runs)."""
     if notes:
         return f"no DataLoader that feedrate run follows was seen: {notes[0]}"
-    name = signal.Signals(outcome.signal).name if outcome.signal else "a signal"
+    name = "a signal"
+    if outcome.signal:
+        try:
+            name = signal.Signals(outcome.signal).name
+        except ValueError:  # a real-time signal (SIGRTMIN+n): no name of its own
+            name = f"signal {outcome.signal}"
     return (
         f"no loader's report came back: the command was ended by {name}, and a process "
         "ended so writes none (whether it iterated a DataLoader is not known)"

@@ -52,6 +52,7 @@ class Watch:
     def __init__(self, loader: DataLoader[Any], site: str, module: str | None, origin: float):
         self.loader = weakref.ref(loader)
         self.site, self.module = site, module
+        self.key: tuple[object, ...] = ()  # what tells it apart from other loaders (Registry)
         self.config = config_of(loader)
         self.loader_type = type(loader).__name__
         self.dataset_type = type(loader.dataset).__name__
@@ -251,13 +252,13 @@ class Registry:
         if site is None:
             return
         watch = Watch(loader, site[0], site[1], self.origin)
+        # The line that built it, which a library's frames skipped for the site may hide (one
+        # call building a train and an eval loader), and how it batches, tell loaders apart.
+        inner = _innermost(loader, frame)
+        watch.key = (watch.site, inner, watch.dataset_id, watch.config, _batching(loader))
         with self.lock:
             for seen in reversed(self.watches):
-                if (seen.site, seen.dataset_id, seen.config) == (
-                    watch.site,
-                    watch.dataset_id,
-                    watch.config,
-                ):
+                if seen.key == watch.key:
                     seen.loader = watch.loader
                     self.by_loader[loader] = seen
                     return
@@ -306,6 +307,25 @@ def creation_site(loader: object, frame: FrameType | None) -> tuple[str, str | N
         via = via or site
         frame = frame.f_back
     return via or ("<unknown>:0", None)
+
+
+def _innermost(loader: object, frame: FrameType | None) -> str:
+    """``file:line`` of the innermost frame outside torch and the loader's own ``__init__``:
+    the line that built it, a library's or the user's."""
+    while frame is not None:
+        code = frame.f_code
+        own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
+        if not (code.co_filename.startswith(_TORCH_DIR) or own_init):
+            return f"{code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown>:0"
+
+
+def _batching(loader: DataLoader[Any]) -> tuple[object, ...]:
+    """How ``loader`` makes its batches: its batch size, sampler and batch sampler classes,
+    and ``drop_last``."""
+    sampler, batches = type(loader.sampler).__name__, type(loader.batch_sampler).__name__
+    return loader.batch_size, sampler, batches, loader.drop_last
 
 
 #: Functions that run an evaluation loop: a loader iterated from inside one is an evaluation

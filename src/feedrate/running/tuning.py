@@ -39,8 +39,10 @@ _recording: list[Any] = []
 def _tuned_epoch(
     watch: Watch, loader: DataLoader[Any], own_iter: Callable[[], Any]
 ) -> Iterator[Any] | None:
+    if watch.evaluating:
+        return None  # an evaluation loop, even over a loader tuned for training: left as it is
     if watch.tuner is None:
-        if watch.autotune is not None or watch.evaluating or not torch.is_grad_enabled():
+        if watch.autotune is not None or not torch.is_grad_enabled():
             return None  # autotune refused it before, or an evaluation loop
         if watch.handed_over:
             return None  # feedrate tuned it in the script already (an integration's callback)

@@ -46,15 +46,15 @@ SHM_HEADROOM = 1.5
 FDS_PER_WORKER, FDS_PER_BATCH, FDS_BASE = 4, 4, 64
 
 
-#: Tasks (``pids.max``, ``ulimit -u``) a worker process holds: itself and its threads (3 on torch
-#: 2.13: the worker's own, its result queue's feeder and one more), one to spare; a threaded
-#: worker holds its ``threads`` - 1 more.
-TASKS_PER_WORKER = 4
+#: Tasks (``pids.max``, ``ulimit -u``) a worker process holds: ``TASKS_SEEN`` (on torch 2.13:
+#: the worker's own thread, its result queue's feeder and one more), and ``TASKS_PER_WORKER``
+#: with one to spare, as a search plans; a threaded worker holds its ``threads`` - 1 more.
+TASKS_SEEN, TASKS_PER_WORKER = 3, 4
 
 
-def tasks(cfg: LoaderConfig) -> int:
-    """The tasks ``cfg``'s workers hold together (``TASKS_PER_WORKER``, threads included)."""
-    return cfg.num_workers * (TASKS_PER_WORKER + cfg.threads - 1)
+def tasks(cfg: LoaderConfig, per: int = TASKS_PER_WORKER) -> int:
+    """The tasks ``cfg``'s workers hold together, ``per`` worker and their threads."""
+    return cfg.num_workers * (per + cfg.threads - 1)
 
 
 def most_workers(space: Space, threads: int = 1) -> int:
