@@ -67,11 +67,13 @@ def write_target(tmp_path: Path, body: str, name: str = "pipe.py") -> Path:
 
 
 def default_signals() -> None:
-    """For a child process (``preexec_fn``): SIGINT and SIGTERM as a terminal delivers them,
-    whatever this run inherited (a test run started with ``&`` passes SIGINT on ignored, and
-    Python then installs no handler of its own)."""
+    """For a child process (``preexec_fn``): SIGINT, SIGTERM and SIGHUP as a terminal delivers
+    them, whatever this run inherited (a test run started with ``&`` passes SIGINT on ignored,
+    and Python then installs no handler of its own; one under ``nohup`` ignores SIGHUP, and
+    feedrate then leaves it ignored, as ``nohup`` asks)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a run under nohup ignores it: a terminal not
 
 
 def start_cli(*args: str) -> subprocess.Popen[str]:
