@@ -24,7 +24,6 @@ Writes ``pids-limit.{json,md}`` under ``--out`` (default ``benchmarks/results``)
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -33,72 +32,36 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from common import git, machine_line, provenance
 from first_epoch import head_label, worktree
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the cgroup helpers
+from faults import pids_limit_unavailable, pids_limited, refused_starts, run_in
+
 SCHEMA = "feedrate.bench.pids_limit/1"
 HERE = Path(__file__).resolve().parent
-ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
-
-
-def pids_root() -> Path:
-    """Where a cgroup with a ``pids.max`` of its own can be made here; exits where none can."""
-    for root in ROOTS:
-        probe = root / f"feedrate-bench-probe-{os.getpid()}"
-        with contextlib.suppress(OSError):
-            probe.mkdir()
-            try:
-                if (probe / "pids.max").exists():
-                    return root
-            finally:
-                probe.rmdir()
-    sys.exit("needs root and a writable cgroup pids controller (cgroup v1 pids, or v2 with pids)")
-
-
-@contextlib.contextmanager
-def limited(root: Path, left: int) -> Iterator[Path]:
-    """A fresh cgroup under ``root`` whose ``pids.max`` is ``left``; removed after."""
-    group = root / f"feedrate-bench-{os.getpid()}-{time.monotonic_ns()}"
-    group.mkdir()
-    try:
-        (group / "pids.max").write_text(f"{left}\n")
-        yield group
-    finally:
-        for _ in range(100):  # its last tasks may still be exiting
-            with contextlib.suppress(OSError):
-                group.rmdir()
-                break
-            time.sleep(0.1)
-
-
-def refused(group: Path) -> int:
-    """The starts (fork, thread) the kernel refused for the limit."""
-    text = (group / "pids.events").read_text()
-    return int(text.split()[1]) if text.startswith("max") else 0
 
 
 def feedrate(
-    src: Path, root: Path, left: int, cache: Path, *args: str
+    src: Path, left: int, cache: Path, *args: str
 ) -> tuple[subprocess.CompletedProcess[str], int, float]:
     """``feedrate ARGS`` from ``src``, in a fresh cgroup of ``left`` tasks: the process, the
     starts refused, the seconds it took."""
     env = {**os.environ, "PYTHONPATH": str(src), "FEEDRATE_CACHE_DIR": str(cache)}
-    with limited(root, left) as group:
+    with pids_limited(left) as group:
         began = time.perf_counter()
-        script = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
-        cmd = ["sh", "-c", script, "sh", sys.executable, "-m", "feedrate", *args]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        return done, refused(group), time.perf_counter() - began
+        cmd = [sys.executable, "-m", "feedrate", *args]
+        done = run_in(group, *cmd, timeout_s=600, env=env)
+        return done, refused_starts(group), time.perf_counter() - began
 
 
-def tune_arm(src: Path, root: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def tune_arm(src: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     out = tmp / f"tune-{time.monotonic_ns()}.json"
     done, refusals, took = feedrate(
-        src, root, args.left, tmp / "cache", "tune", args.target, "--fresh", "--json", str(out)
+        src, args.left, tmp / "cache", "tune", args.target, "--fresh", "--json", str(out)
     )
     text = done.stdout + done.stderr
     record: dict[str, Any] = {
@@ -130,11 +93,11 @@ def measure_args(config: dict[str, Any]) -> list[str]:
 
 
 def measure_arm(
-    src: Path, root: Path, args: argparse.Namespace, tmp: Path, config: dict[str, Any]
+    src: Path, args: argparse.Namespace, tmp: Path, config: dict[str, Any]
 ) -> float | None:
     out = tmp / f"measure-{time.monotonic_ns()}.json"
     cmd = ["measure", args.target, *measure_args(config), "--seconds", str(args.seconds)]
-    done, _, _ = feedrate(src, root, args.left, tmp / "cache", *cmd, "--json", str(out))
+    done, _, _ = feedrate(src, args.left, tmp / "cache", *cmd, "--json", str(out))
     if done.returncode or not out.exists():
         print(f"  measure failed: {(done.stdout + done.stderr)[-500:]}", flush=True)
         return None
@@ -142,11 +105,13 @@ def measure_arm(
 
 
 def run(args: argparse.Namespace, arms: dict[str, Path], tmp: Path) -> dict[str, Any]:
-    root = pids_root()
+    unavailable = pids_limit_unavailable()
+    if unavailable is not None:
+        sys.exit(f"pids_limit.py: {unavailable}")
     tunes: dict[str, dict[str, Any]] = {}
     for label, src in arms.items():
         print(f"tune, {label} ...", flush=True)
-        tunes[label] = tune_arm(src, root, args, tmp)
+        tunes[label] = tune_arm(src, args, tmp)
         print(f"  {json.dumps({k: v for k, v in tunes[label].items() if k != 'trials'})}")
     rates: dict[str, list[float]] = {label: [] for label in arms}
     head_src = next(iter(reversed(arms.values())))  # the answers are measured by this checkout
@@ -156,7 +121,7 @@ def run(args: argparse.Namespace, arms: dict[str, Path], tmp: Path) -> dict[str,
             best = tunes[label].get("best")
             if best is None:
                 continue
-            rate = measure_arm(head_src, root, args, tmp, best)
+            rate = measure_arm(head_src, args, tmp, best)
             if rate is not None:
                 rates[label].append(rate)
                 print(f"round {r} {label}: {rate:,.0f} samples/s", flush=True)

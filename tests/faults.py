@@ -202,7 +202,8 @@ def pids_limit_unavailable() -> str | None:
 @contextlib.contextmanager
 def pids_limited(more: int) -> Iterator[Path]:
     """A fresh cgroup whose ``pids.max`` leaves ``more`` tasks to whatever is moved into it (its
-    ``cgroup.procs``): the tests' ``pids_limit_unavailable`` decides where. Removed after."""
+    ``cgroup.procs``), where ``pids_root`` says (check ``pids_limit_unavailable`` first).
+    Removed after."""
     root = pids_root()
     assert root is not None, pids_limit_unavailable()
     group = root / f"feedrate-test-{os.getpid()}-{time.monotonic_ns()}"
@@ -219,13 +220,25 @@ def pids_limited(more: int) -> Iterator[Path]:
             time.sleep(0.1)
 
 
-def run_in(group: Path, *argv: str, timeout_s: float = 120.0) -> Any:
+def run_in(
+    group: Path, *argv: str, timeout_s: float = 120.0, env: dict[str, str] | None = None
+) -> Any:
     """Run ``argv`` inside the cgroup ``group`` (moved there before it starts). A
     CompletedProcess."""
     script = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
     return subprocess.run(
-        ["sh", "-c", script, "sh", *argv], capture_output=True, text=True, timeout=timeout_s
+        ["sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
     )
+
+
+def refused_starts(group: Path) -> int:
+    """The starts (fork, thread) the kernel refused for ``group``'s limit (``pids.events``)."""
+    text = (group / "pids.events").read_text()
+    return int(text.split()[1]) if text.startswith("max") else 0
 
 
 def open_storage_client(worker_id: int) -> None:

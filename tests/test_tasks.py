@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
@@ -21,7 +22,14 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import collect
 from feedrate.workflows.doctor_trials import refuse_overflow
 
-from faults import fault, pids_limit_unavailable, pids_limited, run_in, write_target
+from faults import (
+    fault,
+    pids_limit_unavailable,
+    pids_limited,
+    refused_starts,
+    run_in,
+    write_target,
+)
 from pipelines import SleepDataset
 
 _NO_PIDS = pids_limit_unavailable()
@@ -71,12 +79,6 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEEDRATE_CACHE_DIR", str(tmp_path / "cache"))  # the CLIs' too
 
 
-def events(group: Path) -> int:
-    """How many times a start was refused for the limit (``pids.events``' ``max``)."""
-    text = (group / "pids.events").read_text()
-    return int(text.split()[1]) if text.startswith("max") else 0
-
-
 @needs_pids
 def test_tune_stays_within_a_real_pids_limit(tmp_path: Path) -> None:
     fault("pids-limit")
@@ -85,7 +87,7 @@ def test_tune_stays_within_a_real_pids_limit(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "feedrate", "tune", f"{target}:loader", "--budget-s", "20"]
     with pids_limited(LEFT) as group:
         done = run_in(group, *cmd, "--json", str(out_json))
-        refused = events(group)
+        refused = refused_starts(group)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert refused == 0, out  # no fork or thread start was refused
@@ -101,13 +103,20 @@ def test_tune_stays_within_a_real_pids_limit(tmp_path: Path) -> None:
     assert best >= 0.5 * 0.8 * free / 4, out  # it climbed to near the budget, not stopped low
 
 
+def doctor_over_the_limit(tmp_path: Path, *args: str) -> tuple[Any, int]:
+    """``feedrate doctor ARGS`` of a loader of 40 workers under ``LEFT`` tasks: the run, and the
+    starts the kernel refused meanwhile."""
+    target = write_target(tmp_path, WAITING.format(extra=", num_workers=40"))
+    cmd = [sys.executable, "-m", "feedrate", "doctor", f"{target}:loader", *args]
+    with pids_limited(LEFT) as group:
+        done = run_in(group, *cmd)
+        return done, refused_starts(group)
+
+
 @needs_pids
 def test_the_doctor_names_a_real_pids_limit(tmp_path: Path) -> None:
     fault("pids-limit-doctor")
-    target = write_target(tmp_path, WAITING.format(extra=", num_workers=40"))
-    cmd = [sys.executable, "-m", "feedrate", "doctor", f"{target}:loader", "--check", "task-limit"]
-    with pids_limited(LEFT) as group:
-        done = run_in(group, *cmd)
+    done, _ = doctor_over_the_limit(tmp_path, "--check", "task-limit")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out  # it ran: nothing it started died
     assert "error   task-limit" in done.stdout, out
@@ -118,11 +127,7 @@ def test_the_doctor_names_a_real_pids_limit(tmp_path: Path) -> None:
 @needs_pids
 def test_the_doctor_does_not_start_a_run_over_a_real_pids_limit(tmp_path: Path) -> None:
     fault("pids-limit-doctor-runs")
-    target = write_target(tmp_path, WAITING.format(extra=", num_workers=40"))
-    cmd = [sys.executable, "-m", "feedrate", "doctor", f"{target}:loader", "--trial-seconds", "0.5"]
-    with pids_limited(LEFT) as group:
-        done = run_in(group, *cmd)
-        refused = events(group)
+    done, refused = doctor_over_the_limit(tmp_path, "--trial-seconds", "0.5")
     out = done.stdout + done.stderr
     assert refused == 0, out
     assert "error   task-limit" in done.stdout, out

@@ -11,6 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning_fit import quiet_trainer  # this folder, the script's sys.path[0]
 from torch.utils.data import DataLoader, Dataset
 
 from feedrate.integrations.lightning import FeedrateCallback
@@ -38,14 +39,6 @@ class Model(pl.LightningModule):
 
 
 if __name__ == "__main__":
-    trainer = pl.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        callbacks=[FeedrateCallback(budget_s=5, max_workers=4)],
-    )
+    trainer = quiet_trainer(callbacks=[FeedrateCallback(budget_s=5, max_workers=4)])
     trainer.fit(Model(), DataLoader(Waiting(), batch_size=8))  # the fit line
     print("fit done")

@@ -31,12 +31,9 @@ class Model(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
-train = DataLoader(data, batch_size=8, shuffle=True)
-val = DataLoader(data, batch_size=32)
-
-if __name__ == "__main__":
-    trainer = pl.Trainer(
+def quiet_trainer(**kwargs: Any) -> pl.Trainer:
+    """A Trainer of 2 epochs on the CPU that prints, logs and saves nothing (``kwargs`` added)."""
+    return pl.Trainer(
         max_epochs=2,
         logger=False,
         enable_checkpointing=False,
@@ -44,6 +41,15 @@ if __name__ == "__main__":
         enable_model_summary=False,
         num_sanity_val_steps=0,
         accelerator="cpu",
+        **kwargs,
     )
+
+
+data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+train = DataLoader(data, batch_size=8, shuffle=True)
+val = DataLoader(data, batch_size=32)
+
+if __name__ == "__main__":
+    trainer = quiet_trainer()
     trainer.fit(Model(), train, val)
     print("fit done")

@@ -291,14 +291,12 @@ def creation_site(loader: object, frame: FrameType | None) -> tuple[str, str | N
     (``for_the_user``: ``result.loader()``) is the user's, at the user's line that led there."""
     via: tuple[str, str | None] | None = None
     while frame is not None:
-        code = frame.f_code
-        file = code.co_filename
-        own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
+        file = frame.f_code.co_filename
         path = os.path.abspath(file)
         ours = path.startswith(_FEEDRATE_DIR)
         if ours and not built_for_the_user():
             return None
-        if file.startswith(_TORCH_DIR) or own_init or ours:
+        if _building(loader, frame) or ours:
             frame = frame.f_back
             continue
         site = f"{_shown(file)}:{frame.f_lineno}", frame.f_globals.get("__name__")
@@ -309,16 +307,20 @@ def creation_site(loader: object, frame: FrameType | None) -> tuple[str, str | N
     return via or ("<unknown>:0", None)
 
 
+def _building(loader: object, frame: FrameType) -> bool:
+    """``frame`` is torch's, or the ``__init__`` of ``loader``'s own class: part of building it,
+    not the line that asked for it."""
+    code = frame.f_code
+    own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
+    return own_init or code.co_filename.startswith(_TORCH_DIR)
+
+
 def _innermost(loader: object, frame: FrameType | None) -> str:
-    """``file:line`` of the innermost frame outside torch and the loader's own ``__init__``:
-    the line that built it, a library's or the user's."""
-    while frame is not None:
-        code = frame.f_code
-        own_init = code.co_name == "__init__" and frame.f_locals.get("self") is loader
-        if not (code.co_filename.startswith(_TORCH_DIR) or own_init):
-            return f"{code.co_filename}:{frame.f_lineno}"
+    """``file:line`` of the innermost frame that is not ``_building`` ``loader``: the line that
+    built it, a library's or the user's."""
+    while frame is not None and _building(loader, frame):
         frame = frame.f_back
-    return "<unknown>:0"
+    return "<unknown>:0" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _batching(loader: DataLoader[Any]) -> tuple[object, ...]:

@@ -15,10 +15,10 @@ from feedrate.search.space import (
     FDS_PER_BATCH,
     FDS_PER_WORKER,
     SHM_HEADROOM,
-    TASKS_PER_WORKER,
     Space,
     peaks,
     series,
+    workers_within_tasks,
 )
 
 #: The share of the usable CPUs a step's projected CPU time may fill.
@@ -90,9 +90,9 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     if space.fd_budget is not None:
         n = (space.fd_budget - FDS_BASE) // (FDS_PER_WORKER + pf * FDS_PER_BATCH)
         found.append(Ceiling(n, "the open-file budget"))
-    if space.tasks_budget is not None:
-        n = space.tasks_budget // (TASKS_PER_WORKER + top.config.threads - 1)
-        found.append(Ceiling(n, "the budget of processes and threads (pids.max, ulimit -u)"))
+    fit = workers_within_tasks(space, top.config.threads)
+    if fit is not None:
+        found.append(Ceiling(fit, "the budget of processes and threads (pids.max, ulimit -u)"))
     failed = [t.config.num_workers for t in trials if t.error and _above(t, top)]
     if failed:  # a start that failed (EAGAIN, ENOMEM, a worker killed): a limit lies below it
         f = min(failed)

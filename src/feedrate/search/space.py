@@ -57,11 +57,17 @@ def tasks(cfg: LoaderConfig, per: int = TASKS_PER_WORKER) -> int:
     return cfg.num_workers * (per + cfg.threads - 1)
 
 
+def workers_within_tasks(space: Space, threads: int = 1) -> int | None:
+    """The most workers of ``threads`` threads the tasks budget holds; None without one."""
+    if space.tasks_budget is None:
+        return None
+    return space.tasks_budget // (TASKS_PER_WORKER + threads - 1)
+
+
 def most_workers(space: Space, threads: int = 1) -> int:
     """``max_workers``, within the tasks budget for workers of ``threads`` threads."""
-    if space.tasks_budget is None:
-        return space.max_workers
-    return min(space.max_workers, space.tasks_budget // (TASKS_PER_WORKER + threads - 1))
+    n = workers_within_tasks(space, threads)
+    return space.max_workers if n is None else min(space.max_workers, n)
 
 
 Proposal = tuple[LoaderConfig, str]
