@@ -1,5 +1,5 @@
 """Ctrl-C stops a run even where Python loses the KeyboardInterrupt (a fork handler, a
-``__del__``), and the workers are gone afterwards."""
+``__del__``), and the workers are gone afterwards; they are gone too when the run is killed."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from feedrate.measuring import interrupts
 
-from faults import default_signals
+from faults import default_signals, wait_for_children
 
 
 @pytest.fixture(autouse=True)
@@ -109,3 +110,46 @@ def test_measure_stops_when_ctrl_c_lands_while_a_worker_is_forked(tmp_path: Path
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "interrupted after" in done.stdout and "left 0" in done.stdout
+
+
+KILLED = textwrap.dedent(
+    """
+    from torch.utils.data import DataLoader, Dataset
+    import feedrate
+
+    class Blobs(Dataset):
+        # Batches of 1.6 MB that are no tensors go through the workers' pipe: it is always full.
+        def __len__(self):
+            return 1 << 20
+
+        def __getitem__(self, i):
+            return b"x" * 200_000
+
+    loader = DataLoader(Blobs(), batch_size=8, collate_fn=list)
+    feedrate.measure(loader, feedrate.LoaderConfig(2, prefetch_factor=4), seconds=300)
+    """
+)
+
+
+def test_workers_leave_when_the_run_is_killed(tmp_path: Path) -> None:
+    """SIGKILL (the OOM killer's, or ``kill -9``) gives feedrate no time to stop its workers:
+    they leave by themselves, where torch's would wait for ever on their full pipe."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    run = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=default_signals,
+    )
+    workers = []
+    try:
+        workers = wait_for_children(run.pid, 2)
+        time.sleep(1.0)  # batches on their way: each worker's feeder thread writes to the pipe
+    finally:
+        run.kill()
+        run.wait()
+    _, left = psutil.wait_procs(workers, timeout=60)
+    for worker in left:
+        worker.kill()
+    assert not left, f"workers {[w.pid for w in left]} outlived their main process by 60 s"

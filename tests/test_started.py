@@ -18,6 +18,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.measuring.workers import Workers
 
 from faults import Squares, fault, forks_that_hang
+from pipelines import four_threads
 
 _tag = {"worker": -1}
 
@@ -55,11 +56,17 @@ def test_forked_workers_are_seen_to_start_and_the_user_s_init_still_runs() -> No
 
 def test_spawned_or_main_process_loaders_are_not_watched() -> None:
     spawned = DataLoader(
-        Squares(8), num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn")
+        Squares(8),
+        num_workers=1,
+        multiprocessing_context=multiprocessing.get_context("spawn"),
+        worker_init_fn=four_threads,
     )
     assert not started.Starts(spawned).watched
-    assert spawned.worker_init_fn is None  # left as it was
-    assert not started.Starts(DataLoader(Squares(8))).watched
+    # Its init function, which only lets the workers leave with this process, pickles.
+    assert [int(b) for b in spawned] == [i * i for i in range(8)]
+    in_process = DataLoader(Squares(8))
+    assert not started.Starts(in_process).watched
+    assert in_process.worker_init_fn is None  # left as it was
 
 
 def test_a_worker_that_hangs_in_its_fork_is_started_again(short_start: None) -> None:

@@ -10,6 +10,7 @@ within ``START_S`` rather than never. Only forked workers are watched: a spawned
 torch and unpickles the dataset first, which can take longer than any bound worth setting, and
 it does not inherit another thread's lock. Nor are workers an iterator starts out of sight (a
 generator ``__iter__``'s, forked at its first ``next()``), or with an init function of its own.
+The same init function lets every worker, forked or spawned, leave with the main process.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import ctypes
 import functools
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -41,20 +44,43 @@ START_TRIES = 2
 
 
 class _Marked:
-    """``worker_init_fn`` that first writes its worker's pid into ``pids``."""
+    """``worker_init_fn`` that first writes its worker's pid into ``pids`` (where the workers
+    are forked; None: not watched) and lets the worker leave with its main process."""
 
     def __init__(self, pids: Any, fn: Callable[[int], None] | None) -> None:
         self.pids, self.fn = pids, fn
 
     def __call__(self, worker_id: int) -> None:
-        self.pids[worker_id] = os.getpid()
+        if self.pids is not None:
+            self.pids[worker_id] = os.getpid()
+        _leave_with_main_process(sys._getframe(1))
         if self.fn is not None:
             self.fn(worker_id)
 
 
+def _leave_with_main_process(frame: FrameType | None) -> None:
+    """In a DataLoader worker (``frame``: its init function's caller): never outlive the main
+    process. torch's worker sees a dead main process within 5 s and leaves its loop, but, unless
+    the loader was shut down, then joins its queue's feeder thread, which waits for ever on a
+    full pipe whose read end the sibling workers hold open: a tune killed by SIGKILL or the OOM
+    killer left 100 workers for hours. That join only delivers batches nobody will read (torch
+    cancels it itself at a shutdown), so it is cancelled here, at the start; where torch's
+    worker loop looks otherwise, nothing is done."""
+    for _ in range(4):
+        if frame is None:
+            return
+        if frame.f_code.co_name == "_worker_loop":
+            cancel = getattr(frame.f_locals.get("data_queue"), "cancel_join_thread", None)
+            if callable(cancel):
+                cancel()
+            return
+        frame = frame.f_back
+
+
 class Starts:
-    """The start marks of ``loader``'s workers: its ``worker_init_fn`` is wrapped, where its
-    workers are forked (else ``watched`` is False and nothing changes)."""
+    """The start marks of ``loader``'s workers: its ``worker_init_fn`` is wrapped, where it
+    has workers. Their start is watched where they are forked (else ``watched`` is False);
+    every worker leaves with the main process."""
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self.watched = loader.num_workers > 0 and _start_method(loader) == "fork"
@@ -65,6 +91,7 @@ class Starts:
         if self.watched:
             # Raw shared memory, allocated before the fork: the child writes, this process reads.
             self._pids = multiprocessing.RawArray(ctypes.c_long, loader.num_workers)
+        if loader.num_workers > 0:
             self._marked = _Marked(self._pids, loader.worker_init_fn)
             loader.worker_init_fn = self._marked
 
