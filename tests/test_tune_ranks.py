@@ -203,6 +203,9 @@ def loader():
 def failing():
     return DataLoader(FailsOnRankOne(64), batch_size=4)
 
+def slow():
+    return DataLoader(SleepDataset(4096, 0.02), batch_size=8)
+
 def rng_on_one():
     return DataLoader(SharedRngOnRankOne(256, 0.004), batch_size=8)
 """
@@ -275,7 +278,8 @@ def test_every_rank_reading_every_sample_is_named(tmp_path: Path) -> None:
 
 
 def test_a_failing_rank_ends_the_job_naming_it_with_no_process_left(tmp_path: Path) -> None:
-    code, said = _two_ranks(tmp_path, "tune", "job.py:failing", "--budget-s", "8")
+    # The target by its full path: every process of the job has tmp_path in its command line.
+    code, said = _two_ranks(tmp_path, "tune", f"{tmp_path}/job.py:failing", "--budget-s", "8")
     assert code == 3, said[-3000:]
     assert "rank 1 failed" in said and "rank one's storage is gone" in said
     assert not left_behind(str(tmp_path))
@@ -373,19 +377,7 @@ def test_a_mistake_in_the_command_is_said_once(tmp_path: Path, short_tmp: str) -
 def test_ctrl_c_ends_every_rank_with_one_line(
     tmp_path: Path, short_tmp: str, signum: int, code: int, word: str, group: bool
 ) -> None:
-    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
-    run = [sys.executable, "-m", "feedrate", "tune", "job.py:loader", "--nproc-per-node", "2"]
-    run += ["--budget-s", "120", "--fresh"]
-    p = subprocess.Popen(
-        run,
-        env={**_env(tmp_path), "TMPDIR": short_tmp},
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own group, as a terminal's foreground job is
-        preexec_fn=default_signals,  # and Ctrl-C not ignored, even in a run started with `&`
-    )
+    p = _started_job(tmp_path, short_tmp)
     assert p.stdout is not None
     seen = []
     for line in p.stdout:  # the first trial done: both ranks are measuring the next
@@ -402,3 +394,41 @@ def test_ctrl_c_ends_every_rank_with_one_line(
     assert not left_behind(str(tmp_path))
     # Passed on to the ranks, not waited on for INTERRUPT_GRACE_S (10 s) and then sent.
     assert took < INTERRUPT_GRACE_S, took
+
+
+def test_ranks_end_when_their_launcher_is_killed(tmp_path: Path, short_tmp: str) -> None:
+    """SIGKILL gives the launcher no time to stop its ranks: the kernel tells them."""
+    p = _started_job(tmp_path, short_tmp, "slow")  # a tune of minutes
+    try:
+        assert p.stdout is not None
+        said = [p.stdout.readline() for _ in range(2)]  # the ranks are running
+        assert len(left_behind(str(tmp_path))) >= 3, said
+    finally:
+        p.kill()
+        p.wait()
+    deadline = time.monotonic() + 30
+    while (left := left_behind(str(tmp_path))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for q in left:
+        q.kill()
+    p.stdout.close()
+    assert not left, [q.pid for q in left]
+
+
+def _started_job(tmp_path: Path, short_tmp: str, name: str = "loader") -> subprocess.Popen[str]:
+    """``feedrate tune --nproc-per-node 2`` on ``TARGET``'s loader ``name``, started: its
+    target by its full path, so that every process of the job has ``tmp_path`` in its command
+    line."""
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    run = [sys.executable, "-m", "feedrate", "tune", f"{tmp_path}/job.py:{name}"]
+    run += ["--nproc-per-node", "2", "--budget-s", "120", "--fresh"]
+    return subprocess.Popen(
+        run,
+        env={**_env(tmp_path), "TMPDIR": short_tmp},
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job is
+        preexec_fn=default_signals,  # and Ctrl-C not ignored, even in a run started with `&`
+    )

@@ -5,19 +5,22 @@ the environment ``torch.distributed``'s ``env://`` initialization reads (``RANK`
 ``MASTER_PORT``), and ``OMP_NUM_THREADS=1`` where unset, as torchrun sets it for several ranks.
 
 The ranks share this terminal (a Ctrl-C reaches all of them); SIGTERM or SIGHUP sent to this
-process is passed on to them. When one rank ends with an error,
+process is passed on to them, and on Linux they are sent SIGTERM when this process dies of a
+signal it cannot handle (SIGKILL: ``kill -9``, the OOM killer). When one rank ends with an error,
 the others are given ``GRACE_S`` to end on their own (they learn of it at their next
 collective), then terminated; none is left running when this returns.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from feedrate.measuring import interrupts
 
@@ -58,7 +61,11 @@ def run_ranks(command: Sequence[str], ranks: int, *, grace_s: float = GRACE_S) -
     """Run ``command`` as ``ranks`` ranks on this machine and wait for all of them. Returns the
     exit status of the first rank that failed (by the time it failed), else 0."""
     port = free_port()
-    procs = [subprocess.Popen(list(command), env=rank_env(r, ranks, port)) for r in range(ranks)]
+    orphan = _ended_with(os.getpid())
+    procs = [
+        subprocess.Popen(list(command), env=rank_env(r, ranks, port), preexec_fn=orphan)
+        for r in range(ranks)
+    ]
     failed_code: int | None = None
     deadline: float | None = None
     try:
@@ -85,6 +92,25 @@ def run_ranks(command: Sequence[str], ranks: int, *, grace_s: float = GRACE_S) -
     if failed_code is None:
         failed_code = next((p.returncode for p in procs if p.returncode), 0)
     return _status(failed_code)
+
+
+#: prctl(2)'s option that has the kernel signal a process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _ended_with(launcher: int) -> Callable[[], None] | None:
+    """For a rank (``preexec_fn``): SIGTERM when ``launcher`` dies, where the kernel offers it
+    (Linux). The rank then stops its workers as on any SIGTERM; before, a launcher killed with
+    SIGKILL left its ranks tuning, and printing into the terminal, for a minute or more."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def die_with_launcher() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != launcher:  # it died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_launcher
 
 
 def _wait_all(procs: Sequence[subprocess.Popen[bytes]], seconds: float) -> None:
