@@ -29,7 +29,9 @@ from feedrate.checks.workers import (
     workers_past_cpus_finding,
 )
 from feedrate.loader.config import LoaderConfig
+from feedrate.loader.words import in_words_of
 from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerMemory, WorkerView
+from feedrate.results.findings import Finding, for_loader
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 
@@ -397,3 +399,24 @@ def test_check_failed_names_the_check_and_what_it_took_down() -> None:
     assert found.id == "check-failed" and found.severity == "warning"
     assert "the memory run failed: ValueError: bad" in found.message
     assert "not run because of it: throughput" in found.message
+
+
+def test_advice_is_said_for_the_loader_it_is_for() -> None:
+    found = [
+        Finding(
+            "too-few-workers", "warning", "num_workers=0 ...", "DataLoader(..., num_workers=4)"
+        ),
+        Finding("shared-rng", "warning", "...", "(DataLoader(..., worker_init_fn=worker_init_fn))"),
+    ]
+    assert for_loader(found, "DataLoader") == found
+    litdata = for_loader(found, "StreamingDataLoader")
+    assert litdata[0].fix == "StreamingDataLoader(..., num_workers=4)"
+    assert litdata[1].fix == "(StreamingDataLoader(..., worker_init_fn=worker_init_fn))"
+    trainer = for_loader(found, "TrainingArguments")
+    assert trainer[0].fix == "TrainingArguments(..., dataloader_num_workers=4)"
+    assert trainer[1] == found[1]  # TrainingArguments has no word for it: said of the DataLoader
+    pinned = "`DataLoader(..., pin_memory=True, prefetch_factor=2)` and batch.to(device)"
+    assert in_words_of("TrainingArguments", pinned) == (
+        "`TrainingArguments(..., dataloader_pin_memory=True, dataloader_prefetch_factor=2)` "
+        "and batch.to(device)"
+    )

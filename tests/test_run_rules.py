@@ -180,6 +180,19 @@ def test_the_next_step_and_the_verdict() -> None:
     assert rules.verdict([], []).startswith("no DataLoader was iterated")
 
 
+def test_the_next_step_is_said_for_the_loader_s_own_class() -> None:
+    starved = run_of(main_cpu_in_next=0.0, loader_type="StreamingDataLoader")
+    starved.bottleneck = rules.bottleneck_of(starved, 2)
+    assert rules.next_step(starved, ["train.py"], 2)[0].startswith(
+        "try StreamingDataLoader(..., num_workers=4): the run shows"
+    )
+    starved.autotune = AutotuneChange(
+        before=LoaderConfig(), after=LoaderConfig(num_workers=2), settled=True, stall_after=0.0
+    )
+    steps = rules.next_step(starved, ["train.py"], 2)
+    assert "without autotune: StreamingDataLoader(..., num_workers=2, pin_memory" in steps[0]
+
+
 def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     tuned = run_of()
     tuned.autotune = AutotuneChange(

@@ -13,6 +13,7 @@ from typing import Any
 
 from feedrate.checks.machine import pin_memory_finding
 from feedrate.checks.workers import data_stall_finding, startup_finding
+from feedrate.loader.words import in_words_of
 from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.run import LoaderRun, Role
 from feedrate.results.spread import Spread
@@ -166,7 +167,8 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
         steps.append(
             f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
             f"{_pct(tuned.stall_before)} with your settings → {_pct(tuned.stall_after)} once "
-            f"tuned); to keep it without autotune: DataLoader(..., {kwargs})"
+            f"tuned); to keep it without autotune: "
+            + in_words_of(ld.loader_type, f"DataLoader(..., {kwargs})")
         )
     stall = ld.settled_stall or 0.0
     if ld.bottleneck == "consumer":
@@ -182,7 +184,8 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
     needed = None if receiving else workers_needed(ld, cpus)
     if needed is not None and needed != ld.config.num_workers and tuned is None:
         steps.append(
-            f"try DataLoader(..., num_workers={needed}): the run shows it takes about that many "
+            in_words_of(ld.loader_type, f"try DataLoader(..., num_workers={needed})")
+            + ": the run shows it takes about that many "
             f"to make batches as fast as the loop steps; up to {saved:,.1f} s of the "
             f"{ld.loop_s:,.1f} s loop ({stall:.0%}) was spent waiting"
         )

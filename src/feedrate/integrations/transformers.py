@@ -28,8 +28,8 @@ from feedrate.integrations.shared import (
     share_cpus,
     tune_shared,
 )
-from feedrate.loader.code import TRAINING_ARGUMENTS
 from feedrate.loader.config import LoaderConfig
+from feedrate.loader.words import TRAINING_ARGUMENTS
 from feedrate.results.tune import TuneResult
 
 __all__ = ["ARGUMENT_NAMES", "FeedrateTrainerCallback", "apply_to_args", "tune_trainer"]

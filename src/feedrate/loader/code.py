@@ -8,17 +8,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from feedrate.loader import libraries
 from feedrate.loader.config import LoaderConfig
-
-#: A loader a transformers ``Trainer`` builds is set by its ``TrainingArguments``, in these words.
-TRAINING_ARGUMENTS = {
-    "num_workers": "dataloader_num_workers",
-    "prefetch_factor": "dataloader_prefetch_factor",
-    "persistent_workers": "dataloader_persistent_workers",
-    "pin_memory": "dataloader_pin_memory",
-}
-
-#: ``libraries.mark_wrapped``'s name for a loader a transformers ``Trainer`` builds.
-BY_TRAINER = "TrainingArguments"
+from feedrate.loader.words import BY_TRAINER, TRAINING_ARGUMENTS
 
 
 def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:

@@ -27,9 +27,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from feedrate.errors import TargetError
 from feedrate.loader import libraries
-from feedrate.loader.code import BY_TRAINER
 from feedrate.loader.init_args import recording
 from feedrate.loader.rebuild import quiet_worker_count_warning
+from feedrate.loader.words import BY_TRAINER
 
 __all__ = [
     "TargetKind",

@@ -8,8 +8,10 @@ a command.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
+
+from feedrate.loader.words import in_words_of
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
@@ -28,6 +30,17 @@ class Finding:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:
         return cls(data["id"], data["severity"], data["message"], data["fix"])
+
+
+def for_loader(findings: list[Finding], loader_class: str) -> list[Finding]:
+    """``findings`` with their ``DataLoader(..., ...)`` advice said for a loader of
+    ``loader_class`` (``StreamingDataLoader(...)``, ``TrainingArguments(...)``)."""
+    return [
+        replace(
+            f, message=in_words_of(loader_class, f.message), fix=in_words_of(loader_class, f.fix)
+        )
+        for f in findings
+    ]
 
 
 def by_severity(findings: list[Finding]) -> list[Finding]:

@@ -42,7 +42,7 @@ from feedrate.checks.workers import (
 )
 from feedrate.errors import PipelineError
 from feedrate.loader.batches import epoch_samples
-from feedrate.loader.libraries import epoch_per_worker
+from feedrate.loader.libraries import class_name, epoch_per_worker
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import workers as worker_runs
@@ -54,7 +54,7 @@ from feedrate.measuring.memory_run import memory_run_config, sample_run
 from feedrate.measuring.shm import main_process_batch
 from feedrate.results.doctor import CheckRun, CheckStatus, Report
 from feedrate.results.evidence import Container
-from feedrate.results.findings import Finding, by_severity
+from feedrate.results.findings import Finding, by_severity, for_loader
 from feedrate.results.trial import Trial
 from feedrate.units import check_seconds
 from feedrate.workflows.doctor_node import node_step
@@ -367,7 +367,7 @@ class _Doctor:
         died = {f.id for f in failures}  # a run that died of it says more than a prediction
         found = [*self._resources(), *self._dataset(), *self._performance_findings()]
         wanted = [f for f in found if f is not None and f.id in self.wanted and f.id not in died]
-        return by_severity([*failures, *wanted])
+        return for_loader(by_severity([*failures, *wanted]), class_name(self.loader))
 
     def report(self, target: str | None) -> Report:
         evidence: dict[str, Any] = {

@@ -21,6 +21,7 @@ from feedrate.checks.bottleneck import bottleneck_kind, pace_of
 from feedrate.checks.threads import thread_findings
 from feedrate.checks.tune import tune_findings
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.loader import libraries
 from feedrate.loader.batches import epoch_samples
 from feedrate.loader.code import code_line
 from feedrate.loader.config import LoaderConfig
@@ -29,7 +30,7 @@ from feedrate.measuring import interrupts, thread_safety
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.measure import LoaderSource, measure
 from feedrate.results.evidence import ThreadCheck
-from feedrate.results.findings import Finding
+from feedrate.results.findings import Finding, for_loader
 from feedrate.results.measurement import Measurement
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
@@ -317,17 +318,20 @@ class TuneSearch:
             baseline=baseline,
             best=best,
             trials=self.trials,
-            findings=tune_findings(
-                self.space,
-                self.facts.to_dict(),
-                baseline,
-                best,
-                self.trials,
-                samples,
-                self.loader.batch_size,
-            )
-            + thread_findings(self.space, self.thread_check, self.trials, best)
-            + self._transfer_findings(chosen),
+            findings=for_loader(
+                tune_findings(
+                    self.space,
+                    self.facts.to_dict(),
+                    baseline,
+                    best,
+                    self.trials,
+                    samples,
+                    self.loader.batch_size,
+                )
+                + thread_findings(self.space, self.thread_check, self.trials, best)
+                + self._transfer_findings(chosen),
+                libraries.class_name(self.loader),
+            ),
             search_seconds=self.elapsed(),
             reason=advice.reason(self.space, best, baseline, described, self.trials),
             code=code_line(self.loader, final)
