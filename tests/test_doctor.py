@@ -384,6 +384,17 @@ def test_a_failing_pipeline_keeps_what_was_found() -> None:
     assert statuses["memory"] == "failed" and statuses["performance"] == "skipped"
 
 
+def test_an_empty_loader_passes_no_check() -> None:
+    """A data path that matched no file: said at once, not after checks that passed on no
+    batch."""
+    loader = DataLoader(TinyDataset(3), batch_size=4, drop_last=True, num_workers=2)
+    report = doctoring.doctor(loader, **QUICK)
+    assert report.pipeline_error is not None and "drop_last=True drops" in report.pipeline_error
+    statuses = [c.status for c in report.checks]
+    assert "ok" not in statuses and statuses.count("failed") == 1, report.checks
+    assert report.finding("check-failed") is not None
+
+
 def test_a_hanging_pipeline_times_out() -> None:
     loader = DataLoader(HangingDataset(at=0), batch_size=4)
     report = doctoring.doctor(loader, trial_seconds=0.5, timeout_s=1.0)

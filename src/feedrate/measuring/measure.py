@@ -254,6 +254,19 @@ def _run(
         return timeline, probe.report(), current["nbytes"]
 
 
+def refuse_empty(loader: DataLoader[Any]) -> None:
+    """``PipelineError`` (``why_empty``) where the loader's length says an epoch yields no
+    batch (a data path that matched no file), before anything runs on it."""
+    if is_iterable_style(loader):
+        return
+    try:
+        empty = len(loader) == 0
+    except TypeError:  # a sampler with no length
+        return
+    if empty:
+        raise PipelineError(why_empty(loader))
+
+
 def why_empty(loader: DataLoader[Any]) -> str:
     """Why an epoch yielded no batch, as far as the loader shows: a sampler that can be
     iterated only once (a generator: an earlier pass used it up), ``drop_last`` dropping the

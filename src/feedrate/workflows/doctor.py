@@ -49,7 +49,7 @@ from feedrate.measuring import workers as worker_runs
 from feedrate.measuring.consumer import Consumer, make_consumer
 from feedrate.measuring.dataset_objects import large_containers
 from feedrate.measuring.diagnosis import shm_exhausted
-from feedrate.measuring.measure import LoaderSource
+from feedrate.measuring.measure import LoaderSource, refuse_empty
 from feedrate.measuring.memory_run import memory_run_config, sample_run
 from feedrate.measuring.shm import main_process_batch
 from feedrate.results.doctor import CheckRun, CheckStatus, Report
@@ -213,6 +213,7 @@ class _Doctor:
             "performance": self._performance,
         }[name]
         try:
+            refuse_empty(self.loader)  # else the checks before the first batch pass vacuously
             run()
             status, detail = "ok", ""
         except PipelineError as exc:
