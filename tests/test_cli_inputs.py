@@ -52,6 +52,12 @@ def target(tmp_path: Path) -> Path:
             "same file",
         ),
         (fault("plot-to-stdout"), lambda t, d: ["--plot", "-"], "give it a name"),
+        (fault("html-named-by-an-unset-variable"), lambda t, d: ["--html", ""], "is a folder"),
+        (
+            fault("json-under-a-file"),
+            lambda t, d: ["--json", f"{t}/x.json"],
+            "is a file, not a folder",
+        ),
         (
             fault("json-into-proc"),  # os.access says yes to root there: the run failed at its end
             lambda t, d: ["--json", "/proc/feedrate.json"],

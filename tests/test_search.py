@@ -13,6 +13,7 @@ import pytest
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
+from feedrate.search import advice
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.online_steps import receiving
 from feedrate.search.propose import choose, keep, propose, propose_online, unresolved
@@ -256,6 +257,23 @@ def test_bottleneck_classes() -> None:
     contended = make_trial(LoaderConfig(2), "", Figures(1, 0.1, 0.6), None)
     contended.system_busy_cpus = 1.95
     assert bottleneck(contended, 2) == "cpu"
+    # No workers, the main process asleep while it fetches (1 s a sample from storage): it
+    # waits; the work per batch being too small to hand over is no reading of it.
+    assert bottleneck(make_trial(LoaderConfig(0), "", Figures(1, 0.01, 0), None), 2) == "latency"
+    # ... nor with a consumer: the share of its fetching time on a CPU counts, not its step's.
+    fed = make_trial(LoaderConfig(0), "", Figures(50, 0.4, 0), 100.0)
+    assert fed.stall_fraction == 0.5 and bottleneck(fed, 2) == "no-workers"
+
+
+def test_an_answer_with_no_workers_measured_is_no_verdict_on_them() -> None:
+    waits = make_trial(LoaderConfig(0), "yours", Figures(1.0, 0.01, 0), None)
+    cut = Trial(LoaderConfig(2, prefetch_factor=2), "next", skipped="over the budget")
+    why = advice.reason(space(), waits, waits, None, [waits, cut])
+    assert why.startswith("Only num_workers=0 was measured within the budget (1 samples/s)")
+    assert "no verdict on workers" in why and "cost more" not in why
+    tried = make_trial(LoaderConfig(2), "w", Figures(0.9, 0.01, 0.01), None)
+    why = advice.reason(space(), waits, waits, None, [waits, tried])
+    assert why.startswith("No workers measured fastest, although fetching mostly waits"), why
 
 
 def test_every_trial_records_why() -> None:

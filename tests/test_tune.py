@@ -398,6 +398,20 @@ def test_a_trial_that_outlasts_the_budget_ends_the_search_as_partial() -> None:
     assert r.partial and "budget ran out while measuring w=1" in (r.partial_reason or "")
 
 
+def test_a_trial_cut_by_the_budget_before_a_first_batch_could_come_is_no_hang() -> None:
+    # Workers take 6 s to a first batch; one worker is left 1.6 s of the budget: not a hang.
+    hangs = lambda c: c.num_workers == 1  # noqa: E731
+    search = SlowStarts(fewer_workers_faster, budget_s=20.0, startup_s=6.0, hangs=hangs)
+    assert search.trial(LoaderConfig(2), "yours").measured
+    search.now = 18.4
+    cut = search.trial(LoaderConfig(1), "the next")
+    assert cut.error is None and "before its first batch" in (cut.skipped or "")
+    assert "let tune wait 1.3 s" in (cut.skipped or "") and "took 6.0 s" in (cut.skipped or "")
+    assert search.partial_reason == "the budget ran out while measuring w=1 pf=2"
+    search.now = 12.0  # 8 s left, longer than a first batch: a hang, said as one
+    assert "budget_s=20" in (search.trial(LoaderConfig(1), "again").error or "")
+
+
 def test_the_speed_up_counts_the_restart_of_every_epoch_of_your_settings() -> None:
     # Yours: 1000 samples/s in steady state, then 1.5 s to restart 2 workers every epoch of 1000
     # samples: 400 samples/s. No workers: 2000 samples/s, nothing to restart.

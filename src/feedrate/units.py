@@ -77,3 +77,8 @@ def parse_sizes(text: str) -> list[int]:
             raise UserError(f"sizes: {part.strip()!r} is over 16G", params=("sizes",))
         out.append(value)
     return out
+
+
+def counted(n: int, noun: str) -> str:
+    """``1 trial``, ``3 trials``: ``n`` and the noun, plural where it needs to be."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

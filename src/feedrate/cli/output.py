@@ -59,9 +59,12 @@ def check_outputs(target: str | None, **paths: Path | None) -> None:
             raise UserError(
                 f"{flag} {path} is an existing Python file: feedrate will not overwrite it"
             )
+        if resolved.is_dir():  # '' too: the current folder (an unset shell variable)
+            raise UserError(f"{flag} '{path}' is a folder: give the name of a file to write")
         folder = resolved.parent
         if not folder.is_dir():
-            raise UserError(f"{flag} {path}: the folder {folder} does not exist")
+            what = "is a file, not a folder" if folder.exists() else "does not exist"
+            raise UserError(f"{flag} {path}: the folder {folder} {what}")
         device = resolved.exists() and not resolved.is_file()  # /dev/stdout, a pipe
         if not (os.access(resolved, os.W_OK) if device else _can_write_in(folder)):
             raise UserError(f"{flag} {path}: the folder {folder} is not writable")

@@ -22,6 +22,7 @@ from feedrate.results.tune import TuneResult
 if TYPE_CHECKING:
     from feedrate.machine.facts import MachineFacts
 from feedrate.search.bottleneck import LABELS as BOTTLENECK_LABELS
+from feedrate.units import counted
 
 
 def _kv_table(rows: Iterable[tuple[str, str]], title: str | None = None) -> Table:
@@ -248,7 +249,8 @@ def recommendation(result: TuneResult) -> Table:
     rows += ranks_rows(result)
     rows.append(("code", result.code))
     origin = " (from the cache: --fresh measures again)" if result.from_cache else ""
-    rows.append(("search", f"{len(result.trials)} trials in {result.search_seconds:.0f} s{origin}"))
+    searched = f"{counted(len(result.trials), 'trial')} in {result.search_seconds:.0f} s"
+    rows.append(("search", searched + origin))
     return _kv_table(rows, title=f"feedrate tune {result.target or ''}".rstrip())
 
 

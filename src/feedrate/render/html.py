@@ -16,6 +16,7 @@ from feedrate.results.findings import SEVERITY_ORDER, Finding
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
 from feedrate.search.bottleneck import LABELS
+from feedrate.units import counted
 
 MiB = 1024 * 1024
 SEVERITY_TITLES = {"error": "Errors", "warning": "Warnings", "info": "Notes"}
@@ -85,7 +86,7 @@ def _e(value: object) -> str:
 
 
 def _header(result: TuneResult) -> str:
-    meta = f"{len(result.trials)} trials in {result.search_seconds:.0f} s"
+    meta = f"{counted(len(result.trials), 'trial')} in {result.search_seconds:.0f} s"
     if result.feedrate_version:
         meta += f" · feedrate {result.feedrate_version}"
     target = _e(result.target or "(loader)")

@@ -106,6 +106,23 @@ def reason(
     )
 
 
+def _workers_unmeasured(best: Trial, trials: list[Trial] | None) -> str | None:
+    """Where no configuration with workers was measured and the answer has none: why, which is
+    no verdict on workers (None: some were)."""
+    with_workers = [x for x in trials or [] if x.config.num_workers > 0]
+    if best.config.num_workers > 0 or any(x.measured for x in with_workers):
+        return None
+    if any(x.error for x in with_workers):
+        return (
+            "Only num_workers=0 could be measured: every configuration with workers failed "
+            "(see the trials-failed finding), so this is no verdict on workers."
+        )
+    return (
+        f"Only num_workers=0 was measured within the budget ({best.median:,.3g} samples/s): "
+        "this is no verdict on workers; a larger budget (--budget-s) measures them."
+    )
+
+
 def _reason(
     space: Space,
     best: Trial,
@@ -127,6 +144,9 @@ def _reason(
             "time waiting for data)."
         )
     kind = bottleneck(best, cpus)
+    unmeasured = _workers_unmeasured(best, trials)
+    if unmeasured is not None:
+        return unmeasured
     t = best.config.threads
     if t > 1:
         procs = [x for x in series(space, trials or []) if x.config.num_workers > 0]
@@ -143,16 +163,7 @@ def _reason(
             f"memory of one process per request{than}."
         )
     with_workers = [x for x in trials or [] if x.config.num_workers > 0]
-    if (
-        kind == "no-workers"
-        and any(x.error for x in with_workers)
-        and not any(x.measured for x in with_workers)
-    ):
-        return (
-            "Only num_workers=0 could be measured: every configuration with workers failed "
-            "(see the trials-failed finding), so this is no verdict on workers."
-        )
-    if kind == "no-workers":
+    if w == 0:  # no-workers, or latency: the main process waited on its fetches
         faster = max((x for x in with_workers if x.measured), key=lambda x: x.median, default=None)
         if faster is not None and faster.median > best.median:
             return (
@@ -160,6 +171,12 @@ def _reason(
                 f"{faster.config.label()} measured {faster.median / best.median - 1:.0%} higher, "
                 "inside the spread of the trials, so its worker processes and their memory buy "
                 "nothing certain on this machine."
+            )
+        if kind == "latency":
+            return (
+                f"No workers measured fastest, although fetching mostly waits (the main process "
+                f"{best.main_cpu:.0%} of a core): the workers' waits did not overlap, as behind "
+                "one lock or a source that serves one request at a time."
             )
         return (
             "No workers measured fastest: handing samples to worker processes cost more in "

@@ -46,7 +46,7 @@ LABELS: dict[str, str] = {
     "no-workers": "fastest without workers (the work per batch is too small to hand over)",
     "main-process": "main-process-bound (collation, unpickling, pinning)",
     "cpu": "CPU-bound in the workers",
-    "latency": "latency-bound (workers mostly waiting)",
+    "latency": "latency-bound (fetching mostly waits)",
     "unknown": "no single bottleneck stood out",
     "ipc": "IPC-bound (large batches through shared memory)",
     "consumer": "consumer-bound",
@@ -60,7 +60,10 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
     if not t.measured:
         return "unknown"
     if t.config.num_workers == 0:
-        return "no-workers"
+        # The main process fetching its samples itself: asleep most of the time it waits for
+        # one, it waits on I/O (a consumer's step aside), and more requests in flight help.
+        fetching = t.main_cpu / t.stall_fraction if t.stall_fraction else t.main_cpu
+        return "latency" if fetching < WAITING_DEMAND else "no-workers"
     if t.main_cpu >= 0.85:
         return "main-process"
     own = t.main_cpu + t.workers_cpu

@@ -39,6 +39,7 @@ from feedrate.search.plan import after_thread_check, next_trial, report_due
 from feedrate.search.propose import choose, propose
 from feedrate.search.space import Proposal, Space
 from feedrate.search.steps import threads_report
+from feedrate.units import counted
 from feedrate.workflows import tune_confirm
 from feedrate.workflows.doctor_trials import refuse_overflow
 
@@ -142,8 +143,10 @@ class TuneSearch:
                 break
             if step.action == "budget_spent":
                 self.partial_reason = (
-                    f"the budget of {self.budget_s:g} s was spent after {len(self.trials)} "
-                    f"trials; the search had more to try (next: {step.config.label()})"
+                    f"the budget of {self.budget_s:g} s had no room for another trial as long "
+                    f"as the last ({self.last_trial_s:.0f} s) after "
+                    f"{counted(len(self.trials), 'trial')}; the search had more to try (next: "
+                    f"{step.config.label()})"
                 )
                 report_only = threads_report(self.space, self.trials)  # its time was kept
                 break
@@ -162,7 +165,7 @@ class TuneSearch:
         the report only (threads were not allowed), if the check passes. ``room`` kept its time
         back from the search once workers were seen waiting; the trial's limits still hold it
         within the budget."""
-        if self.budget_s - self.elapsed() < MIN_TRIAL_WALL_S:
+        if self.budget_s - self.elapsed() < max(MIN_TRIAL_WALL_S, 2 * self._first_batch_s()):
             return
         if self._threads_safe(config.threads):
             self.trial(config, why)
@@ -255,6 +258,15 @@ class TuneSearch:
             if fatal:
                 raise exc
             return Trial(config, why, error=str(exc))
+        if limits.timeout_s < self._first_batch_s() and not fatal:  # no sign of a hang
+            self.partial_reason = f"the budget ran out while measuring {config.label()}"
+            return Trial(
+                config,
+                why,
+                skipped=f"the budget ran out before its first batch: what was left let "
+                f"tune wait {limits.timeout_s:.1f} s, and a first batch took "
+                f"{self._first_batch_s():.1f} s",
+            )
         error = (
             f"{exc}; tune waits at most what is left of its budget ({limits.timeout_s:.1f} s "
             f"of budget_s={self.budget_s:g}, or --budget-s)"
@@ -263,6 +275,10 @@ class TuneSearch:
             raise PipelineTimeoutError(error) from exc
         self.partial_reason = f"the budget ran out while measuring {config.label()}"
         return Trial(config, why, error=error)
+
+    def _first_batch_s(self) -> float:
+        """The longest wait for a first batch measured so far (s)."""
+        return max((t.startup_s for t in self.trials if t.measured), default=0.0)
 
     def measure_trial(self, config: LoaderConfig, limits: TrialLimits) -> Measurement:
         """Measure ``config`` within ``limits`` (a seam: tests give made-up measurements)."""
