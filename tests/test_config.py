@@ -542,3 +542,93 @@ def test_measure_times_the_users_own_class_not_a_plain_dataloader() -> None:
 
     m = measure(SlowIter(Squares(64), 0.02, batch_size=4), batches=8, windows_count=2)
     assert 0 < m.samples_per_s <= 4 / 0.02
+
+
+# --- rebuild: subclasses that set DataLoader's arguments from their own ----------------------
+
+
+class ByOwnNames(DataLoader[Any]):
+    """Sets batch_size and num_workers from parameters named its own way; the rest it passes on
+    through **kwargs."""
+
+    def __init__(self, ds: Any, bs: int, *, workers: int = 0, **kw: Any) -> None:
+        super().__init__(ds, batch_size=bs, num_workers=workers, **kw)
+
+
+class FixedWorkers(DataLoader[Any]):
+    """Passes most arguments on, but always builds without workers."""
+
+    def __init__(self, ds: Any, bs: int, **kw: Any) -> None:
+        super().__init__(ds, batch_size=bs, num_workers=0, **kw)
+
+
+class TwoZeros(DataLoader[Any]):
+    """Two parameters at 0: either could be the one that sets num_workers."""
+
+    def __init__(self, ds: Any, *, workers: int = 0, seed: int = 0, **kw: Any) -> None:
+        super().__init__(ds, num_workers=workers, **kw)
+        self.seed = seed
+
+
+class MakesItsOwn(DataLoader[Any]):
+    """Builds its dataset inside __init__ (from a path, say) instead of taking one."""
+
+    def __init__(self, path: str, bs: int, **kw: Any) -> None:
+        self.path = path
+        super().__init__(Squares(12), batch_size=bs, **kw)
+
+
+def test_a_subclass_setting_arguments_from_its_own_is_rebuilt_with_workers() -> None:
+    ds = Squares(41)
+    order = [(7 * i) % 41 for i in range(41)]
+    with recording():
+        loader = ByOwnNames(ds, 4, sampler=order, collate_fn=pairs_collate)
+    new = rebuild(loader, LoaderConfig(2, prefetch_factor=3))
+    assert type(new) is ByOwnNames and new.num_workers == 2 and new.prefetch_factor == 3
+    assert new.dataset is ds and new.batch_size == 4 and new.sampler is loader.sampler
+    assert new.collate_fn is pairs_collate
+    original = batches_of(loader)
+    assert same_batches(batches_of(new), original)
+    assert [b["n"] for b in original] == [4] * 10 + [1]
+
+
+def test_a_subclass_setting_its_batch_size_takes_a_batch_sampler() -> None:
+    # autotune feeds its own batch_sampler, which DataLoader refuses beside batch_size=4.
+    ds = Squares(10)
+    with recording():
+        loader = ByOwnNames(ds, 4, shuffle=True)
+    feed = GrowingBatches(10)
+    new = rebuild(loader, LoaderConfig(0), batch_sampler=feed)
+    assert type(new) is ByOwnNames and new.batch_sampler is feed
+    expected = batches_of(DataLoader(ds, batch_sampler=feed))
+    assert same_batches(batches_of(new), expected)
+
+
+def test_a_subclass_that_fixes_a_setting_itself_is_refused_naming_its_parameters() -> None:
+    with recording():
+        loader = FixedWorkers(Squares(8), 4, shuffle=True)
+    assert rebuild(loader, LoaderConfig(0, pin_memory=True)).pin_memory
+    with pytest.raises(
+        UserError,
+        match=r"cannot rebuild FixedWorkers with num_workers=2: its __init__ sets "
+        r"num_workers=0 itself.*\(ds, bs, \*\*kw\).*none holds it",
+    ):
+        rebuild(loader, LoaderConfig(2))
+
+
+def test_a_subclass_whose_setting_could_come_from_two_parameters_is_refused() -> None:
+    with recording():
+        loader = TwoZeros(Squares(8), batch_size=4)
+    with pytest.raises(UserError, match=r"cannot rebuild TwoZeros.*which of workers, seed"):
+        rebuild(loader, LoaderConfig(2))
+
+
+def test_a_subclass_that_builds_its_own_dataset_is_refused_saying_so() -> None:
+    with recording():
+        loader = MakesItsOwn("/data/x", 4, shuffle=True)
+    with pytest.raises(
+        UserError,
+        match=r"cannot rebuild MakesItsOwn with other settings: its __init__ builds its "
+        r"dataset itself \(a Squares\).*file\.py:make_loader",
+    ):
+        rebuild(loader, LoaderConfig(2))

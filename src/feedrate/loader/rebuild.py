@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -165,6 +166,12 @@ def rebuild(
 #: batching replaces all of them (DataLoader refuses batch_sampler beside the others).
 _BATCHING = frozenset({"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"})
 
+#: A keyword that reached a constructor twice: the subclass passed it to DataLoader itself.
+_TWICE = re.compile(r"got multiple values for (?:keyword )?argument '(\w+)'")
+#: Compared with the rebuilt loader's by ``_check`` in its own way.
+_CHECKED_APART = frozenset({"dataset", "batch_sampler"})
+_BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
 
 def _rebuild_subclass(
     loader: DataLoader[Any], kwargs: dict[str, Any], config: LoaderConfig
@@ -191,25 +198,126 @@ def _rebuild_subclass(
         if v is loader.dataset and k != "dataset":
             call[k] = kwargs["dataset"]
     call.update({k: v for k, v in kwargs.items() if k in names or open_kw})
-    try:
-        new = cls(**call)
-    except TypeError as exc:
-        raise UserError(f"cannot rebuild {name} with other settings: {exc}") from exc
-    wrong = [
-        f"{k}={getattr(new, k, None)!r} (wanted {v!r})"
-        for k, v in config.kwargs().items()
-        if k in _LOADER_PARAMS and getattr(new, k, v) != v
+    # Keywords only **kwargs takes, which the subclass may also set itself (``batch_size=bs``).
+    passed_on = {k for k in call if k not in names and k not in own}
+    new = _build(loader, call, set(passed_on))
+    _check(loader, new, kwargs, config, passed_on - call.keys())
+    return new
+
+
+def _build(loader: DataLoader[Any], call: dict[str, Any], passed_on: set[str]) -> DataLoader[Any]:
+    """``type(loader)(**call)``, ``call`` left as built. A keyword in ``passed_on`` that
+    DataLoader gets twice is one the subclass sets itself: it is left out, and the value
+    wanted goes to the subclass's parameter that sets it where it differs from the loader's
+    (``workers`` for num_workers). Where a batch_sampler given (autotune's) meets a batch size
+    the subclass sets, that size goes back to 1, the one DataLoader takes beside it."""
+    cls = type(loader)
+    sized = "batch_sampler" not in call  # no batch size to bring back to 1
+    while True:
+        try:
+            return cls(**call)
+        except TypeError as exc:
+            twice = _TWICE.search(str(exc))
+            if twice is None or twice.group(1) not in passed_on:
+                raise _refused(cls, exc) from exc
+            key = twice.group(1)
+            passed_on.discard(key)
+            _carry(loader, call, key, call.pop(key))
+        except ValueError as exc:  # DataLoader refusing a mix of its arguments
+            if sized or "batch_sampler option is mutually exclusive" not in str(exc):
+                raise _refused(cls, exc) from exc
+            sized = True
+            _carry(loader, call, "batch_size", 1)
+
+
+def _carry(loader: DataLoader[Any], call: dict[str, Any], key: str, wanted: Any) -> None:
+    """Give ``wanted`` for DataLoader's ``key`` to the one parameter of the loader's class
+    that holds the loader's own value of it, when the two differ. Refused, naming the
+    parameters, where none or several could be it."""
+    now = getattr(loader, key, None)
+    if key == "dataset" or _same(wanted, now):
+        return  # a dataset of the subclass's own is named after the build
+    cls = type(loader)
+    holders = [
+        p.name
+        for p in parameters(cls)
+        if p.kind in _BY_NAME
+        and p.name not in _LOADER_PARAMS
+        and _same(call.get(p.name, p.default), now)
     ]
+    if len(holders) != 1:
+        which = f"which of {', '.join(holders)} it is" if holders else "none holds it"
+        raise UserError(
+            f"cannot rebuild {cls.__qualname__} with {key}={wanted!r}: its __init__ sets "
+            f"{key}={now!r} itself, from one of its own parameters ({_signature(cls)}), and "
+            f"feedrate cannot tell {which}. Have it pass {key} on to DataLoader (through "
+            "**kwargs), or take it under the name DataLoader gives it"
+        )
+    call[holders[0]] = wanted
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same value: equal plain values of one type (not 0 and False), else one object."""
+    plain = (int, float, str, bytes, type(None))
+    return a is b or (type(a) is type(b) and isinstance(a, plain) and a == b)
+
+
+def _check(
+    loader: DataLoader[Any],
+    new: DataLoader[Any],
+    kwargs: dict[str, Any],
+    config: LoaderConfig,
+    set_itself: set[str],
+) -> None:
+    """Refuse ``new`` unless it took ``config``'s settings, the dataset, the batching, and
+    the values of ``kwargs`` for the keywords it ``set_itself``, left out of its call."""
+    cls = type(loader)
+    name = cls.__qualname__
     if new.dataset is not kwargs["dataset"]:
-        wrong.append("another dataset")
+        raise UserError(
+            f"cannot rebuild {name} with other settings: its __init__ builds its dataset "
+            f"itself (a {type(new.dataset).__qualname__}) instead of passing on the one it is "
+            "given, so feedrate cannot hand it the dataset to load (the loader's own, or that "
+            "dataset wrapped for threads or shards). Have its __init__ take the dataset and "
+            "pass it to DataLoader, or point TARGET at a function that builds the dataset and "
+            "then the loader over it (file.py:make_loader)"
+        )
+    wanted = {**{k: kwargs[k] for k in set_itself}, **config.kwargs()}
+    wrong = [
+        f"{k}={_shown(getattr(new, k, None))} (wanted {_shown(v)})"
+        for k, v in wanted.items()
+        if k in _LOADER_PARAMS and k not in _CHECKED_APART and not _taken(new, k, v)
+    ]
     if "batch_sampler" in kwargs and new.batch_sampler is not kwargs["batch_sampler"]:
         wrong.append("its own batch_sampler")
     if wrong:
         raise UserError(
             f"cannot rebuild {name} with other settings: built again it has "
-            f"{', '.join(wrong)}, so its __init__ does not pass these to DataLoader"
+            f"{', '.join(wrong)}, so its __init__ ({_signature(cls)}) does not pass these on "
+            "to DataLoader. Have it pass them on (through **kwargs)"
         )
-    return new
+
+
+def _taken(new: DataLoader[Any], key: str, wanted: Any) -> bool:
+    got = getattr(new, key, wanted)
+    return got is wanted or bool(got == wanted)
+
+
+def _shown(value: Any) -> str:
+    """A plain value as written, an object by its class (its repr is an address)."""
+    plain = isinstance(value, (int, float, str, bytes, type(None)))
+    return repr(value) if plain else f"a {type(value).__qualname__}"
+
+
+def _signature(cls: type[Any]) -> str:
+    """The parameters' names, as in ``ds, bs, *, workers, **kw``."""
+    return str(
+        inspect.Signature([p.replace(annotation=p.empty, default=p.empty) for p in parameters(cls)])
+    )[1:-1]
+
+
+def _refused(cls: type[Any], exc: Exception) -> UserError:
+    return UserError(f"cannot rebuild {cls.__qualname__} with other settings: {exc}")
 
 
 def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLoader[Any]:
