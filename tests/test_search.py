@@ -246,6 +246,15 @@ def test_choose_prefers_cheapest_within_noise() -> None:
     assert choose(space(), [a, b]) is b
 
 
+def test_a_trial_over_the_memory_limit_is_not_recommended() -> None:
+    none = make_trial(LoaderConfig(0), "yours", Figures(500, 0.9, 0), None)  # 100 MiB
+    two = make_trial(LoaderConfig(2), "w", Figures(1000, 0.1, 0.9), None)  # 140 MiB
+    assert choose(space(memory_budget=120 * 2**20), [none, two]) is none
+    assert choose(space(memory_budget=200 * 2**20), [none, two]) is two
+    # None within it: the one that held least, not the fastest.
+    assert choose(space(memory_budget=2**20), [two, none]) is none
+
+
 def test_bottleneck_classes() -> None:
     assert bottleneck(make_trial(LoaderConfig(0), "", Figures(1, 1.0, 0), None), 2) == "no-workers"
     assert (

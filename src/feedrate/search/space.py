@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
+from feedrate.units import size
 
 #: A gain must beat this relative margin (or the trials' own spread, if wider) to count.
 NOISE_FLOOR = 0.03
@@ -165,8 +166,19 @@ def series(space: Space, trials: list[Trial]) -> list[Trial]:
 
 
 def eligible(space: Space, trials: list[Trial]) -> list[Trial]:
-    """Measured trials that may be recommended: threaded ones only when allowed."""
-    return [t for t in trials if t.measured and (space.allow_threads or t.config.threads == 1)]
+    """Measured trials that may be recommended: threaded ones only when allowed, and those that
+    held more memory than the budget (``--memory-limit``) only when none held less: then the
+    one that held least."""
+    allowed = [t for t in trials if t.measured and (space.allow_threads or t.config.threads == 1)]
+    within = [t for t in allowed if not over_memory(space, t)]
+    return within or sorted(allowed, key=lambda t: t.memory_bytes)[:1]
+
+
+def over_memory(space: Space, t: Trial) -> bool:
+    """``t`` measured, its processes' own memory (USS, as the budget's predictions count it)
+    over the memory budget."""
+    held = (t.main_uss_bytes or 0) + (t.workers_uss_bytes or 0)
+    return space.memory_budget is not None and held > space.memory_budget
 
 
 def threaded(trials: list[Trial]) -> list[Trial]:
@@ -231,8 +243,8 @@ def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) ->
     memory = main + w * per_worker
     if space.memory_budget is not None and per_worker and memory > space.memory_budget:
         return (
-            f"predicted memory {memory / 2**30:.2f} GiB over the budget of "
-            f"{space.memory_budget / 2**30:.2f} GiB ({per_worker / 2**20:.0f} MiB per worker)"
+            f"predicted memory {size(memory)} over the budget of "
+            f"{size(space.memory_budget)} ({size(per_worker)} per worker)"
         )
     shm = int(batch * w * pf * SHM_HEADROOM)
     if space.shm_budget is not None and batch and shm > space.shm_budget:
