@@ -9,13 +9,18 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from feedrate.checks.streams import stream_verdict
 from feedrate.checks.workers import busy_machine_finding
 from feedrate.errors import UserError
 from feedrate.loader.config import LoaderConfig
@@ -480,3 +485,72 @@ def test_tune_reports_the_dataset_traps(tmp_path: Path, monkeypatch: pytest.Monk
     found = {f.id: f for f in result.findings}
     assert "shared-rng" in found and found["shared-rng"].severity == "error"
     assert result.findings[0].severity == "error"  # most important first
+
+
+# -- streams of random data -------------------------------------------------------------------
+
+
+class RandomShardedStream(IterableDataset[torch.Tensor]):
+    """Split by get_worker_info(), every item nothing but random numbers (synthetic data)."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for _ in range(start, 5000, step):
+            yield torch.randn(8)
+
+
+class EndlessRandomStream(IterableDataset[Any]):
+    """Not split, endless, every item drawn from ``source``'s global generator: in training
+    DataLoader seeds every worker's generators apart, so no two workers yield the same item."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            if self.source == "numpy":
+                yield np.random.standard_normal(8)
+            elif self.source == "random":
+                yield [random.random() for _ in range(8)]
+            else:
+                yield torch.rand(3, 8, 8), int(torch.randint(0, 2, ()))  # with a random label
+
+
+class NoisyCopiesStream(IterableDataset[torch.Tensor]):
+    """Not split: every worker yields every sample ``i`` (floats alone, no id), each copy with
+    noise from torch's global generator. The copies differ in training, yet repeat samples."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i in range(512):
+            yield torch.full((8,), float(i)) + 0.1 * torch.randn(8)
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        RandomShardedStream(),
+        EndlessRandomStream("torch"),
+        EndlessRandomStream("numpy"),
+        EndlessRandomStream("random"),
+    ],
+    ids=["sharded", "endless-torch", "endless-numpy", "endless-random"],
+)
+def test_streams_of_random_draws_repeat_no_sample(dataset: Any) -> None:
+    # The probe seeds both workers' global generators alike; DataLoader does not.
+    loader = DataLoader(dataset, batch_size=8, num_workers=2)
+    seen = stream_verdict(experiments.stream_digests(loader))
+    assert (seen.verdict, seen.by) == ("split", "random")
+    report = doctoring.doctor(loader, checks=["iterable-duplicates"], **QUICK)
+    assert "iterable-duplicates" not in ids(report)
+
+
+@pytest.mark.parametrize("dataset", [NoisyCopiesStream(), UnshardedStream()])
+def test_unsplit_streams_of_samples_are_duplicates_whatever_the_noise(dataset: Any) -> None:
+    loader = DataLoader(dataset, batch_size=8, num_workers=2)
+    seen = stream_verdict(experiments.stream_digests(loader))
+    assert (seen.verdict, seen.by) == ("duplicates", "content")
+    found = doctoring.doctor(loader, checks=["iterable-duplicates"], **QUICK).finding(
+        "iterable-duplicates"
+    )
+    assert found is not None and found.severity == "error"

@@ -6,6 +6,7 @@ The real libraries are in ``test_libraries_<library>.py``."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -233,3 +234,61 @@ def test_a_subclass_of_a_library_dataset_is_known_as_one() -> None:
     assert libraries.splits_by_worker(mine()) is not None
     assert libraries.unsafe_to_iterate_here(mine()) is not None
     assert libraries.splits_by_worker(type("StreamingDataset", (), {})()) is None
+
+
+# -- random draws are no repeated samples -----------------------------------------------------
+
+
+def alternating(a: str, b: str, n: int = 32) -> list[str]:
+    """What a worker yields when each item is a draw from the global generators alone: the
+    probe seeds them before every item, one seed at even positions, another at odd ones."""
+    return [a if i % 2 == 0 else b for i in range(n)]
+
+
+def test_items_that_are_random_draws_are_split_whether_or_not_the_stream_is() -> None:
+    drawn = alternating("x", "y")
+    seen = stream_verdict(samples(drawn, drawn, [""] * 32, [""] * 32))
+    assert (seen.verdict, seen.by) == ("split", "random")
+    labels = alternating("3", "7")  # a random label beside the random data
+    assert stream_verdict(samples(drawn, drawn, labels, labels)).verdict == "split"
+    assert stream_verdict(samples(drawn, drawn, ["0"] * 32, ["0"] * 32)).verdict == "split"
+    # Not seeded item by item (plain StreamDigests), or too few to tell: no split.
+    assert stream_verdict(StreamDigests({0: drawn, 1: drawn}, 0.1, True)).verdict == "unknown"
+    few = alternating("x", "y", 6)
+    assert stream_verdict(samples(few, few, [""] * 6, [""] * 6)).verdict == "unknown"
+    same = ["x"] * 32  # a constant is no draw
+    assert stream_verdict(samples(same, same, [""] * 32, [""] * 32)).verdict == "unknown"
+
+
+def test_samples_keep_their_identity_beside_random_parts() -> None:
+    drawn, ids = alternating("x", "y"), [f"id{i}" for i in range(32)]
+    seen = stream_verdict(samples(drawn, drawn, ids, ids))  # (torch.randn(8), i), not split
+    assert (seen.verdict, seen.by) == ("duplicates", "identity")
+    content = [f"d{i}" for i in range(32)]  # a sample's data with a random label
+    labels = alternating("3", "7")
+    seen = stream_verdict(samples(content, content, labels, labels))
+    assert (seen.verdict, seen.by) == ("duplicates", "content")
+    other = [f"d{i}" for i in range(32, 64)]
+    assert stream_verdict(samples(content, other, labels, labels)).verdict == "split"
+
+
+def test_a_label_that_never_changes_tells_nothing() -> None:
+    a, b = [f"a{i}" for i in range(32)], [f"b{i}" for i in range(32)]
+    seen = stream_verdict(samples(a, b, ["0"] * 32, ["0"] * 32))  # (sample, 0), split
+    assert (seen.verdict, seen.by) == ("split", "content")
+    assert stream_verdict(samples(a, a, ["0"] * 32, ["0"] * 32)).verdict == "duplicates"
+
+
+class EndlessRandom(IterableDataset[Any]):
+    """Synthetic data, not split and endless: ``torch.randn(8)`` for ever."""
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield torch.randn(8)
+
+
+def test_autotune_gives_workers_to_an_endless_random_stream() -> None:
+    with feedrate.autotune(DataLoader(EndlessRandom(), batch_size=16), cache=False) as auto:
+        batches = list(itertools.islice(auto, 50))
+        assert "keeps its worker count" not in auto.report().started_from
+    assert len(batches) == 50 and none_left()

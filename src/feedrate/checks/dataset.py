@@ -242,10 +242,13 @@ DOCS = (
         ),
         evidence=(
             "From `doctor` and `tune`: the `IterableDataset` run in 2 workers (at most 64 items "
-            "each), their random generators seeded alike, each item hashed by identity (its "
-            "ids, labels, keys and other non-float parts, which random augmentation leaves "
-            "alone) and by content. Distinct ids are compared as sets, labels position by "
-            "position; items without any are compared by content. Reported when each worker "
+            "each), their random generators seeded alike before every item, each item hashed "
+            "by identity (its ids, labels, keys and other non-float parts, which random "
+            "augmentation leaves alone) and by content. Distinct ids are compared as sets, "
+            "labels position by position; items without any are compared by content. Items "
+            "that are nothing but random draws (synthetic data: one value at the even seeds, "
+            "another at the odd ones) repeat no sample, since DataLoader seeds every worker "
+            "apart. Reported when each worker "
             "yielded at least 4 items to compare and at least half of them match. `autotune` "
             "gives an `IterableDataset` another worker count only when 2 workers were seen to "
             "yield different samples, or its library splits streams by worker."

@@ -86,31 +86,66 @@ class _Inspect(Forwarding, Dataset[WorkerView]):
         return _look(self._feedrate_inner)
 
 
-#: The seed every probe worker gives torch's, numpy's and Python's global generators: the same
-#: in all of them, so a stream that is not split makes the same "random" augmentations in each.
-PROBE_SEED = 1234
+#: The seeds the probe gives torch's, numpy's and Python's global generators before every item,
+#: alike in both workers: a stream that is not split then makes the same "random" augmentation
+#: of a sample in each, and its copies hash alike. Items at even positions get the first seed,
+#: odd ones the second: an item that is nothing but a draw from those generators (synthetic
+#: data, a random pick) alternates between two values in each worker, where DataLoader's own
+#: seeds, different in every worker, would make the workers' items differ
+#: (``checks.streams.stream_verdict``).
+PROBE_SEEDS = (1234, 4321)
 
 
-def _seed_alike() -> None:
-    random.seed(PROBE_SEED)
-    torch.manual_seed(PROBE_SEED)
+#: A global generator: (name, seed function, state getter, state setter).
+_Global = tuple[str, Callable[[int], object], Callable[[], Any], Callable[[Any], object]]
+
+
+def _global_generators() -> list[_Global]:
+    """The global random generators DataLoader seeds in its workers (numpy's only once
+    imported: the dataset may import it late)."""
+    found: list[_Global] = [
+        ("random", random.seed, random.getstate, random.setstate),
+        ("torch", torch.manual_seed, torch.get_rng_state, torch.set_rng_state),
+    ]
     np = sys.modules.get("numpy")
     if np is not None:
-        np.random.seed(PROBE_SEED)
+        found.append(("numpy", np.random.seed, np.random.get_state, np.random.set_state))
+    return found
+
+
+class _SeedAlike:
+    """Seeds the global generators for the item at ``position`` (``PROBE_SEEDS``): the state
+    each seed gives is kept and put back, a fraction of the cost of ``torch.manual_seed``."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, int], Any] = {}
+
+    def __call__(self, position: int) -> None:
+        seed = PROBE_SEEDS[position % len(PROBE_SEEDS)]
+        for name, seed_with, get_state, set_state in _global_generators():
+            state = self.states.get((name, seed))
+            if state is None:
+                seed_with(seed)
+                self.states[name, seed] = get_state()
+            else:
+                set_state(state)
 
 
 class _Tagged(Forwarding, IterableDataset[tuple[int, str, str, float, float]]):
-    """Iterates the user's IterableDataset in a worker, the global generators seeded alike in
-    every worker; yields (worker id, item identity, item digest, and the seconds of CPU (the
-    worker's, all its threads) and of wall time that making the item took, less the time its
-    thread was queued for a CPU: on a busy machine a stream is not thereby waiting on reads)."""
+    """Iterates the user's IterableDataset in a worker, the global generators seeded before
+    every item, alike in every worker (``PROBE_SEEDS``); yields (worker id, item identity,
+    item digest, and the seconds of CPU (the worker's, all its threads) and of wall time that
+    making the item took, less the time its thread was queued for a CPU: on a busy machine a
+    stream is not thereby waiting on reads)."""
 
     def __iter__(self) -> Iterator[tuple[int, str, str, float, float]]:
         info = get_worker_info()
         worker_id = -1 if info is None else info.id
-        _seed_alike()
+        seed_alike = _SeedAlike()
+        seed_alike(0)  # an __iter__ may draw before its first item (a shuffle of its files)
         items, queued = iter(self._feedrate_inner), ThreadQueued()
-        for _ in range(self._feedrate_limit):
+        for position in range(self._feedrate_limit):
+            seed_alike(position)
             wall, cpu, waited = time.perf_counter(), time.process_time(), queued()
             try:
                 item = next(items)
@@ -200,9 +235,9 @@ def stream_digests(
 ) -> StreamSamples:
     """Iterate the loader's IterableDataset in 2 workers, at most ``limit`` items per worker and
     about ``seconds`` from the first item (worker start-up is not counted: under spawn it alone
-    can take seconds), the global random generators seeded alike in both, and hash every
-    item's identity and content in its worker; with the share of its time a worker making
-    items spent on a CPU (``cpu_share``)."""
+    can take seconds), the global random generators seeded before every item, alike in both
+    (``PROBE_SEEDS``), and hash every item's identity and content in its worker; with the
+    share of its time a worker making items spent on a CPU (``cpu_share``)."""
     if not is_iterable_style(loader):
         raise ValueError("stream_digests needs an IterableDataset")
     tagged = _Tagged(loader.dataset, _feedrate_limit=limit)
