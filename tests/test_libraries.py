@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from library_data import children, none_left
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
 
 import feedrate
 from feedrate.checks import dataset as checks_dataset
@@ -292,3 +292,27 @@ def test_autotune_gives_workers_to_an_endless_random_stream() -> None:
         batches = list(itertools.islice(auto, 50))
         assert "keeps its worker count" not in auto.report().started_from
     assert len(batches) == 50 and none_left()
+
+
+def _own_collate(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def test_the_code_line_keeps_what_decides_the_batches() -> None:
+    """Pasted back, the line must yield what the loader yields: its own collate_fn, sampler
+    (a DistributedSampler) and worker_init_fn are named, DataLoader's defaults are not."""
+    data = Squares(16)
+    tuned = feedrate.LoaderConfig(2, prefetch_factor=2)
+    plain = code_line(DataLoader(data, batch_size=4, shuffle=True), tuned)
+    assert plain.startswith("DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2")
+    assert "collate_fn" not in plain and "sampler" not in plain
+    own = DataLoader(
+        data,
+        batch_size=4,
+        sampler=DistributedSampler(data, num_replicas=2, rank=0),
+        collate_fn=_own_collate,
+        worker_init_fn=print,
+    )
+    line = code_line(own, tuned)
+    for part in ("sampler=sampler", "collate_fn=collate_fn", "worker_init_fn=worker_init_fn"):
+        assert part in line, line

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data.dataloader import _InfiniteConstantSampler
 
 from feedrate.loader import libraries
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.words import BY_TRAINER, TRAINING_ARGUMENTS
+
+#: The samplers DataLoader makes itself (for shuffle=False, and for an IterableDataset).
+_OWN_SAMPLERS = (SequentialSampler, _InfiniteConstantSampler)
 
 
 def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
@@ -33,8 +38,15 @@ def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
         parts.append(f"batch_size={loader.batch_size}")
         if isinstance(loader.sampler, RandomSampler):
             parts.append("shuffle=True")
+        elif not isinstance(loader.sampler, _OWN_SAMPLERS):  # a DistributedSampler, yours
+            parts.append("sampler=sampler")
         if loader.drop_last:
             parts.append("drop_last=True")
+    plain = libraries.class_name(loader) == "DataLoader"  # a library's loader sets its own
+    if plain and loader.collate_fn not in (default_collate, default_convert):
+        parts.append("collate_fn=collate_fn")  # left out, the batches would change
+    if plain and loader.worker_init_fn is not None:
+        parts.append("worker_init_fn=worker_init_fn")
     for name, value in config.kwargs().items():
         if name == "pin_memory" and not value:
             continue
