@@ -358,6 +358,9 @@ def test_doctor_prints_findings_and_writes_json(tmp_path: Path) -> None:
     assert data["findings"][0]["id"] == "shared-rng" and data["findings"][0]["severity"] == "error"
     assert {"id", "severity", "message", "fix"} <= set(data["findings"][0])
     assert data["trials"][0]["config"]["num_workers"] == 2
+    # Into a log, not a terminal: a line per step, where a spinner would show nothing.
+    assert "doctor: looking inside 2 workers …" in stderr
+    assert "doctor: measuring your settings" in stderr
 
 
 def test_doctor_bad_target_or_check_exits_2(

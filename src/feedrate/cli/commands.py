@@ -14,9 +14,9 @@ import click
 from feedrate import __version__
 from feedrate.cli.options import consumer_options, device_option, file_option
 from feedrate.cli.output import (
-    STEP_NAMES,
     TuneProgress,
     check_outputs,
+    doctor_progress,
     err,
     human,
     load,
@@ -310,7 +310,7 @@ def doctor(
             trial_seconds=trial_seconds,
             timeout_s=timeout_s,
             target=target,
-            progress=lambda name: status.update(f"doctor: {STEP_NAMES.get(name, name)} …"),
+            progress=doctor_progress(status),
         )
     human(json_path).print(render.doctor_report(report))
     if json_path is not None:

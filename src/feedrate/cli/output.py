@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,20 @@ STEP_NAMES = {
     "memory": "watching worker memory",
     "performance": "measuring your settings and a few alternatives",
 }
+
+
+def doctor_progress(status: Any) -> Callable[[str], None]:
+    """What the doctor is doing: on its spinner, and where stderr is no terminal (a log, a CI
+    job, where the spinner shows nothing), a line per step, so a slow step is no silent one."""
+
+    def step(name: str) -> None:
+        said = f"doctor: {STEP_NAMES.get(name, name)} …"
+        status.update(said)
+        if not err.is_terminal:
+            err.print(said, highlight=False)
+
+    return step
+
 
 #: ``--json -``: the document goes to stdout, and the tables to stderr.
 STDOUT = Path("-")
