@@ -362,7 +362,8 @@ def doctor_report(report: Report) -> RenderableType:
         parts.append(Text(f"Findings ({count})", style="bold"))
     else:
         parts.append(Text("no problems found", style="bold green"))
-    parts.append(findings_list(report.findings))
+    if report.findings:  # else findings_list would say "no problems found" again
+        parts.append(findings_list(report.findings))
     return Group(*parts)
 
 
