@@ -161,6 +161,11 @@ def test_workers_needed_follows_the_data_time_against_the_step() -> None:
     assert rules.workers_needed(latency, cpus=2) == 4
     cpu_bound = run_of(main_cpu_in_next=0.95, bottleneck="main-process")
     assert rules.workers_needed(cpu_bound, cpus=2) == 2  # no more than the CPUs
+    # 2 workers on a CPU 76% of the time each (spawned, importing torch every epoch): more
+    # than the CPUs would only compete, whatever the loop's pace.
+    computing = run_of(config=LoaderConfig(2), main_cpu_in_next=0.01, bottleneck="unknown")
+    computing.workers.cpu_util = 1.52
+    assert rules.workers_needed(computing, cpus=2) == 2
 
 
 def test_the_next_step_and_the_verdict() -> None:

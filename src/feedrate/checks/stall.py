@@ -143,7 +143,8 @@ def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
     """Workers that would make batches as fast as the loop steps, where the run shows it: the
     seconds of data work per batch (the wait, less start-up, plus the step's share the loop
     overlapped) over the seconds of step per batch, with ``WORKER_MARGIN`` to spare; capped
-    at the usable CPUs for CPU-bound work (more would only compete)."""
+    at the usable CPUs for CPU-bound work, or workers on a CPU half the time or more (more
+    would only compete)."""
     steady = ld.batches - ld.epochs
     if steady <= 0 or ld.step_s <= 0:
         return None
@@ -153,7 +154,11 @@ def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
     if ld.config.num_workers:
         make = (make + step) * ld.config.num_workers  # each worker's batch, end to end
     needed = math.ceil(make / step * (1 + WORKER_MARGIN))
+    # Workers computing half the time or more (spawned ones importing torch, too): more of
+    # them than CPUs only compete.
+    computing = ld.config.num_workers and (ld.workers.cpu_util or 0.0) / ld.config.num_workers
     cpu_bound = (ld.main_cpu_in_next or 0.0) >= MAIN_BUSY or ld.bottleneck == "cpu"
+    cpu_bound = cpu_bound or computing >= 0.5
     return max(1, min(needed, cpus) if cpu_bound else needed)
 
 
