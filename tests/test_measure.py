@@ -70,6 +70,14 @@ def test_more_workers_than_cpus_no_warning_but_a_note() -> None:
     assert any("above the" in n and "usable CPUs" in n for n in m.notes)
 
 
+def test_workers_past_the_batches_of_an_epoch_are_named_idle() -> None:
+    loader = DataLoader(TinyDataset(n=24), batch_size=8)  # 3 batches an epoch
+    m = measure(loader, LoaderConfig(5, persistent_workers=True), batches=12, windows_count=2)
+    assert any("more than the 3 batches of an epoch: 2 workers get no batch" in n for n in m.notes)
+    enough = measure(loader, LoaderConfig(3, persistent_workers=True), batches=12, windows_count=2)
+    assert not any("batches of an epoch" in n for n in enough.notes)
+
+
 def test_persistent_workers_and_pin_memory_config() -> None:
     loader = DataLoader(TinyDataset(n=64), batch_size=8)
     m = measure(loader, LoaderConfig(2, False, 3, True), batches=20, windows_count=2)

@@ -135,7 +135,8 @@ def measure(
         machine=facts.to_dict(),
         batch_size=user_loader.batch_size,
         target=target,
-        notes=_notes(config, facts, timeline, report, plan) + started.notes(starts),
+        notes=_notes(config, facts, timeline, report, plan, epoch_length(loader))
+        + started.notes(starts),
         feedrate_version=feedrate.__version__,
         batch_bytes=nbytes,
         stall_fraction=None if consume is None else rates.stall_fraction(timeline.windows),
@@ -324,8 +325,15 @@ def _notes(
     t: windows.Timeline,
     report: ProbeReport,
     plan: windows.WindowPlan,
+    epoch: int | None = None,
 ) -> list[str]:
     notes = []
+    if epoch is not None and config.num_workers > epoch:
+        notes.append(
+            f"num_workers={config.num_workers} is more than the {epoch} batches of an epoch: "
+            f"{config.num_workers - epoch} workers get no batch to make (each makes whole "
+            "batches), yet every one starts and takes memory"
+        )
     ours = report.own_cpu
     ours += report.probe_cpu_s / report.wall_s if report.wall_s > 0 else 0.0
     if report.system_busy_cpus is not None and report.system_busy_cpus - ours > 0.25:
@@ -365,7 +373,7 @@ def deadline_note(t: windows.Timeline, plan: windows.WindowPlan) -> str:
         each = sum(t.epoch_restart_s) / len(t.epoch_restart_s)
         n = len(t.epoch_restart_s)
         spent = f"start-up ({t.startup_s:.2f} s) and {n} epoch restarts ({each:.2f} s each) count"
-    return (
-        f"the run stopped at its deadline, {t.deadline_s or 0:.1f} s after iter(): {spent} "
-        f"against the time, so {measured:.2f} s {asked} were measured in steady state"
-    )
+    said = f"the run stopped at its deadline, {t.deadline_s or 0:.1f} s after iter(): {spent}"
+    if plan.seconds is not None and measured >= plan.seconds:  # whole epochs, restarts in
+        return f"{said} against the time"
+    return f"{said} against the time, so {measured:.2f} s {asked} were measured in steady state"
