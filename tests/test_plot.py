@@ -184,3 +184,12 @@ def test_missing_matplotlib_says_how_to_install(monkeypatch: pytest.MonkeyPatch)
         png_bytes(single())
     with pytest.raises(UserError, match=r"feedrate\[plot\]"):
         render_html(single())
+
+
+def test_a_result_prints_in_a_few_lines() -> None:
+    """``print(result)`` in a notebook: the answer, not the dataclass's pages of figures."""
+    said = str(latency_bound()).splitlines()
+    assert said[0] == "recommended  w=16 pf=2: 900.0 samples/s, 15.00× your w=0"
+    assert said[2] == "code         DataLoader(dataset, batch_size=64, w=16 pf=2)"
+    assert len(said) == 3
+    assert str(tiny_samples()).splitlines()[-1] == "partial      time budget spent"

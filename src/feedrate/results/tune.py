@@ -76,6 +76,15 @@ class TuneResult:
         ``baseline_rate``)."""
         return self.best_rate / self.baseline_rate if self.baseline_rate > 0 else 0.0
 
+    def __str__(self) -> str:
+        """A few lines for ``print(result)`` in a notebook (the dataclass's repr is pages)."""
+        partial = f"\npartial      {self.partial_reason}" if self.partial else ""
+        return (
+            f"recommended  {self.best.config.label()}: {self.best_rate:,.1f} samples/s, "
+            f"{self.speedup:.2f}× your {self.baseline.config.label()}\n"
+            f"why          {self.reason}\ncode         {self.code}{partial}"
+        )
+
     @property
     def steady_speedup(self) -> float:
         """Best median over the user's own, restarts left out."""
