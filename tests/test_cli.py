@@ -3,6 +3,7 @@ one-line errors without tracebacks, JSON output, and Ctrl-C leaving no worker be
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -418,3 +419,13 @@ def test_tune_threads_on_the_remote_example(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "DataLoader(feedrate.threaded(dataset, 16)" in proc.stdout.replace("\n", "")
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_output_into_a_log_is_120_columns_wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into a file or a pipe rich would write 80 columns: the trials table, a word per line."""
+    from feedrate.cli import output
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert output._width(io.StringIO()) == output.LOG_WIDTH == 120
+    monkeypatch.setenv("COLUMNS", "90")
+    assert output._width(io.StringIO()) is None  # rich reads $COLUMNS itself

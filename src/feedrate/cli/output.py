@@ -17,8 +17,20 @@ from rich.console import Console
 from feedrate.errors import UserError
 from feedrate.render.text import plus_minus, rate
 
-out = Console()
-err = Console(stderr=True)
+def _width(stream: Any) -> int | None:
+    """Rich's width (None: the terminal's, or $COLUMNS), else 120 columns: into a file or a
+    pipe rich sets 80, and the trials table came out a word per line."""
+    isatty = getattr(stream, "isatty", None)
+    if os.environ.get("COLUMNS") or (isatty is not None and isatty()):
+        return None
+    return LOG_WIDTH
+
+
+#: The width of output written to a file or a pipe (a log, CI).
+LOG_WIDTH = 120
+
+out = Console(width=_width(sys.stdout))
+err = Console(stderr=True, width=_width(sys.stderr))
 #: What the doctor's spinner says of each of its steps.
 STEP_NAMES = {
     "workers": "looking inside 2 workers",
