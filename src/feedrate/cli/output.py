@@ -17,6 +17,7 @@ from rich.console import Console
 from feedrate.errors import UserError
 from feedrate.render.text import plus_minus, rate
 
+
 def _width(stream: Any) -> int | None:
     """Rich's width (None: the terminal's, or $COLUMNS), else 120 columns: into a file or a
     pipe rich sets 80, and the trials table came out a word per line."""
