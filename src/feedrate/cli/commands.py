@@ -371,7 +371,7 @@ def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> No
         show_tune(result, None, plot_path, html_path)
         return
     if plot_path or html_path:
-        raise UserError("--plot and --html render tune results; this is not one")
+        raise UserError(f"--plot and --html draw tune results only; {run_json} is no tune result")
     if isinstance(result, Report):
         out.print(render.doctor_report(result))
     elif isinstance(result, TransferResult):
