@@ -156,9 +156,9 @@ def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
     needed = math.ceil(make / step * (1 + WORKER_MARGIN))
     # Workers computing half the time or more (spawned ones importing torch, too): more of
     # them than CPUs only compete.
-    computing = ld.config.num_workers and (ld.workers.cpu_util or 0.0) / ld.config.num_workers
-    cpu_bound = (ld.main_cpu_in_next or 0.0) >= MAIN_BUSY or ld.bottleneck == "cpu"
-    cpu_bound = cpu_bound or computing >= 0.5
+    w = ld.config.num_workers
+    computing = w > 0 and (ld.workers.cpu_util or 0.0) / w >= 0.5
+    cpu_bound = (ld.main_cpu_in_next or 0.0) >= MAIN_BUSY or ld.bottleneck == "cpu" or computing
     return max(1, min(needed, cpus) if cpu_bound else needed)
 
 

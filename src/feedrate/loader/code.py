@@ -42,7 +42,8 @@ def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
             parts.append("sampler=sampler")
         if loader.drop_last:
             parts.append("drop_last=True")
-    plain = libraries.class_name(loader) == "DataLoader"  # a library's loader sets its own
+    built_by = libraries.class_name(loader)
+    plain = built_by == "DataLoader"  # a library's loader sets its own
     if plain and loader.collate_fn not in (default_collate, default_convert):
         parts.append("collate_fn=collate_fn")  # left out, the batches would change
     if plain and loader.worker_init_fn is not None:
@@ -51,4 +52,4 @@ def code_line(loader: DataLoader[Any], config: LoaderConfig) -> str:
         if name == "pin_memory" and not value:
             continue
         parts.append(f"{name}={value!r}")
-    return f"{libraries.class_name(loader)}({', '.join(parts)})"
+    return f"{built_by}({', '.join(parts)})"

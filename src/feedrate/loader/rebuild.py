@@ -171,6 +171,8 @@ _TWICE = re.compile(r"got multiple values for (?:keyword )?argument '(\w+)'")
 #: Compared with the rebuilt loader's by ``_check`` in its own way.
 _CHECKED_APART = frozenset({"dataset", "batch_sampler"})
 _BY_NAME = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+#: Values compared by equality, and shown as written; anything else is one object.
+_PLAIN = (int, float, str, bytes, type(None))
 
 
 def _rebuild_subclass(
@@ -258,8 +260,7 @@ def _carry(loader: DataLoader[Any], call: dict[str, Any], key: str, wanted: Any)
 
 def _same(a: Any, b: Any) -> bool:
     """The same value: equal plain values of one type (not 0 and False), else one object."""
-    plain = (int, float, str, bytes, type(None))
-    return a is b or (type(a) is type(b) and isinstance(a, plain) and a == b)
+    return a is b or (type(a) is type(b) and isinstance(a, _PLAIN) and a == b)
 
 
 def _check(
@@ -305,8 +306,7 @@ def _taken(new: DataLoader[Any], key: str, wanted: Any) -> bool:
 
 def _shown(value: Any) -> str:
     """A plain value as written, an object by its class (its repr is an address)."""
-    plain = isinstance(value, (int, float, str, bytes, type(None)))
-    return repr(value) if plain else f"a {type(value).__qualname__}"
+    return repr(value) if isinstance(value, _PLAIN) else f"a {type(value).__qualname__}"
 
 
 def _signature(cls: type[Any]) -> str:

@@ -32,13 +32,10 @@ def in_words_of(loader_class: str, text: str) -> str:
     def said(match: re.Match[str]) -> str:
         if loader_class != BY_TRAINER:
             return f"{loader_class}(..., {match.group(1)})"
-        settings = [s.strip() for s in match.group(1).split(",")]
-        names = [s.partition("=")[0] for s in settings]
-        if not all(n in TRAINING_ARGUMENTS for n in names):
+        settings = [s.strip().partition("=") for s in match.group(1).split(",")]
+        if not all(name in TRAINING_ARGUMENTS for name, _, _ in settings):
             return match.group(0)
-        words = [
-            f"{TRAINING_ARGUMENTS[s.partition('=')[0]]}={s.partition('=')[2]}" for s in settings
-        ]
+        words = [f"{TRAINING_ARGUMENTS[name]}={value}" for name, _, value in settings]
         return f"{BY_TRAINER}(..., {', '.join(words)})"
 
     return _SETTING.sub(said, text)

@@ -258,13 +258,7 @@ def _run(
 def refuse_empty(loader: DataLoader[Any]) -> None:
     """``PipelineError`` (``why_empty``) where the loader's length says an epoch yields no
     batch (a data path that matched no file), before anything runs on it."""
-    if is_iterable_style(loader):
-        return
-    try:
-        empty = len(loader) == 0
-    except TypeError:  # a sampler with no length
-        return
-    if empty:
+    if epoch_length(loader) == 0:  # None: a stream, or a sampler with no length
         raise PipelineError(why_empty(loader))
 
 

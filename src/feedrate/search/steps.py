@@ -224,10 +224,13 @@ def threads_report(space: Space, trials: list[Trial]) -> Proposal | None:
         return None  # the workers never mostly waited: threads would only compete for CPUs
     t_max, b = space.max_threads, best.config.num_workers
     w = min(b, max(1, math.ceil(2 * b / t_max)))
-    workers = f"{w} worker on {t_max} threads keeps" if w == 1 else f"{w} workers on {t_max} "
-    workers += "" if w == 1 else "threads each keep"
+    keep = (
+        f"1 worker on {t_max} threads keeps"
+        if w == 1
+        else f"{w} workers on {t_max} threads each keep"
+    )
     why = (
-        f"for the report: {workers} {w * t_max / b:.3g}× the requests in flight of {b} worker "
+        f"for the report: {keep} {w * t_max / b:.3g}× the requests in flight of {b} worker "
         f"process{'es' if b > 1 else ''} (threads are recommended only with --threads)"
     )
     return with_workers(space.baseline, w, threads=t_max), why

@@ -258,15 +258,6 @@ class TuneSearch:
             if fatal:
                 raise exc
             return Trial(config, why, error=str(exc))
-        if limits.timeout_s < self._first_batch_s() and not fatal:  # no sign of a hang
-            self.partial_reason = f"the budget ran out while measuring {config.label()}"
-            return Trial(
-                config,
-                why,
-                skipped=f"the budget ran out before its first batch: what was left let "
-                f"tune wait {limits.timeout_s:.1f} s, and a first batch took "
-                f"{self._first_batch_s():.1f} s",
-            )
         error = (
             f"{exc}; tune waits at most what is left of its budget ({limits.timeout_s:.1f} s "
             f"of budget_s={self.budget_s:g}, or --budget-s)"
@@ -274,6 +265,14 @@ class TuneSearch:
         if fatal:
             raise PipelineTimeoutError(error) from exc
         self.partial_reason = f"the budget ran out while measuring {config.label()}"
+        first = self._first_batch_s()
+        if limits.timeout_s < first:  # no sign of a hang
+            return Trial(
+                config,
+                why,
+                skipped=f"the budget ran out before its first batch: what was left let "
+                f"tune wait {limits.timeout_s:.1f} s, and a first batch took {first:.1f} s",
+            )
         return Trial(config, why, error=error)
 
     def _first_batch_s(self) -> float:
