@@ -399,10 +399,10 @@ def test_a_loader_that_mostly_waits_starts_with_more_workers_than_cpus(
     with feedrate.autotune(make(), cache=False) as auto:
         started = auto.report().started_from
         if waits:
-            assert auto.config.num_workers > cpus and "projected" in started
+            assert auto.config.num_workers > cpus and "projected" in started, started
             assert seen is not None and seen in started
         else:
-            assert auto.config.num_workers == cpus and "one per usable CPU" in started
+            assert auto.config.num_workers == cpus and "one per usable CPU" in started, started
 
 
 def test_a_break_during_a_switch_then_another_epoch_keeps_tuning(one_per_cpu: None) -> None:

@@ -20,6 +20,7 @@ import functools
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -42,6 +43,12 @@ POLL_S = (0.0002, 0.005)
 #: a race, so the next fork almost always starts.
 START_TRIES = 2
 
+#: How often a worker looks whether its main process is still there (s), and how long after
+#: it is gone the worker leaves by itself should torch's loop not have ended it (s): that loop
+#: looks every 5 s, a dataset blocked in a read never.
+ORPHAN_POLL_S = 0.5
+ORPHAN_EXIT_S = 10.0
+
 
 class _Marked:
     """``worker_init_fn`` that first writes its worker's pid into ``pids`` (where the workers
@@ -63,18 +70,32 @@ def _leave_with_main_process(frame: FrameType | None) -> None:
     process. torch's worker sees a dead main process within 5 s and leaves its loop, but, unless
     the loader was shut down, then joins its queue's feeder thread, which waits for ever on a
     full pipe whose read end the sibling workers hold open: a tune killed by SIGKILL or the OOM
-    killer left 100 workers for hours. That join only delivers batches nobody will read (torch
-    cancels it itself at a shutdown), so it is cancelled here, at the start; where torch's
-    worker loop looks otherwise, nothing is done."""
+    killer left 100 workers for hours. A thread of the worker's own (``_orphaned``) cancels that
+    join once the main process is gone, and ends the worker should it still be there
+    ``ORPHAN_EXIT_S`` later. Not before: a worker that leaves without that join can die with
+    the queue's write lock, shared by its siblings, held by its feeder thread, and they would
+    wait for it for ever (an IterableDataset's worker is shut down when its stream ends, while
+    the others go on). Where torch's worker loop looks otherwise, nothing is done."""
     for _ in range(4):
         if frame is None:
             return
         if frame.f_code.co_name == "_worker_loop":
-            cancel = getattr(frame.f_locals.get("data_queue"), "cancel_join_thread", None)
-            if callable(cancel):
-                cancel()
+            queue = frame.f_locals.get("data_queue")
+            if callable(getattr(queue, "cancel_join_thread", None)):
+                watch = functools.partial(_orphaned, queue, os.getppid())
+                threading.Thread(target=watch, name="feedrate-orphan", daemon=True).start()
             return
         frame = frame.f_back
+
+
+def _orphaned(queue: Any, parent: int, poll_s: float = ORPHAN_POLL_S) -> None:
+    """Wait until this process's ``parent`` is gone, then cancel the join of ``queue``'s
+    feeder thread (nobody will read what it holds) and, ``ORPHAN_EXIT_S`` later, leave."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    queue.cancel_join_thread()
+    time.sleep(ORPHAN_EXIT_S)
+    os._exit(0)
 
 
 class Starts:
