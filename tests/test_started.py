@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -121,7 +123,7 @@ def test_an_iterator_that_does_not_run_the_marks_is_not_watched() -> None:
         worker.join()
 
 
-class JoinCancelled(Dataset[bool]):
+class JoinCancelled(Dataset[tuple[bool, bool]]):
     """Each sample says whether its worker's queue would leave without joining its feeder
     thread, and whether feedrate's thread that watches for the main process runs there."""
 
@@ -129,9 +131,6 @@ class JoinCancelled(Dataset[bool]):
         return 4
 
     def __getitem__(self, i: int) -> tuple[bool, bool]:
-        import sys
-        import threading
-
         frame = sys._getframe(1)
         while frame.f_code.co_name != "_worker_loop":
             frame = frame.f_back  # type: ignore[assignment]
