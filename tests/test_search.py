@@ -132,7 +132,8 @@ def test_tiny_samples_optimum_at_zero_workers() -> None:
 def test_cpu_bound_ladder_past_the_cpus_goes_on_while_within_the_noise() -> None:
     # Skewed per-sample cost on 2 CPUs (feedrate tune, 2026-12-05): 2 and 3 workers within 1%
     # of each other, 3 behind by its median; 4 and 6 were each 5-10% above both when measured
-    # side by side (compare.py's quick grid: 8 workers best, 3 at 0.87 of it), never tried.
+    # side by side (compare.py's quick grid: 8 workers best, 3 at 0.87 of it), never tried;
+    # later runs stopped at 6, where the grid's best was 8 or 16 (tune at 0.91-0.96 of it).
     def skewed(cfg: LoaderConfig) -> Figures:
         w = cfg.num_workers
         rate = {0: 1560.0, 1: 1400.0, 2: 2560.0, 3: 2490.0, 4: 2690.0}.get(w, 2830.0)
@@ -141,7 +142,7 @@ def test_cpu_bound_ladder_past_the_cpus_goes_on_while_within_the_noise() -> None
     s = space(cpus=2, baseline=LoaderConfig(0))
     best, trials = run(s, skewed)
     tried = [t.config.num_workers for t in trials]
-    assert 4 in tried and 6 in tried, tried
+    assert {4, 6, 8} <= set(tried), tried  # up to POOL_CPUS per CPU, as autotune goes
     # The answer within the noise (2) is over 3% behind the fastest: both are measured again
     # before it stands (``unresolved``; tune then takes a lead above 3% as real).
     again = unresolved(s, trials)

@@ -55,6 +55,13 @@ def _anchor_cpus(space: Space, trials: list[Trial]) -> Proposal | None:
     return with_workers(space.baseline, space.cpus), f"one worker per usable CPU ({space.cpus})"
 
 
+#: CPU-bound workers are tried up to this many per CPU while each count is no slower (tune's
+#: ladder past the CPUs; online, doubled on small batches): past a slow sample, more batches in
+#: flight keep the CPUs busy (skewed cost on 2 CPUs: 8 workers 5-9% above 2 and 4, side by side,
+#: where tune stopped at 4 or 6). The repeats of near-ties then tell if it paid.
+POOL_CPUS = 4
+
+
 def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     """Go past the largest count tried while it is the fastest. Latency-bound (its workers
     mostly wait) and gaining more than the noise on its last step: to the count the scaling
@@ -84,7 +91,8 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     if threads_win(space, top, trials):
         return None  # a few threaded workers beat it: more processes would only cost memory
     if kind == "cpu" and w >= space.cpus:
-        ladder = [c for c in (space.cpus + 1, 2 * space.cpus, 3 * space.cpus) if c > w]
+        rungs = (space.cpus + 1, *(k * space.cpus for k in range(2, POOL_CPUS + 1)))
+        ladder = [c for c in rungs if c > w]
         if not ladder:
             return None
         why = (
@@ -313,12 +321,6 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
         return None
     why = f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time"
     return with_workers(space.baseline, nxt), f"{why}: {more}"
-
-
-#: Online, CPU-bound workers on small batches are doubled up to this many per CPU while each
-#: count is no slower: past a slow sample, more batches in flight keep the CPUs busy (skewed cost
-#: on 2 CPUs: 8 workers 5-9% above 2 and 4). The repeats of near-ties then tell if it paid.
-POOL_CPUS = 4
 
 
 def _pool(space: Space, top: Trial, prev: Trial) -> Proposal | None:
