@@ -188,16 +188,21 @@ def test_two_loaders_one_library_call_builds_stay_two(tmp_path: Path, autotune: 
     assert roles == ["eval", "train"]
 
 
-def test_a_script_s_own_autotune_is_said_so(tmp_path: Path) -> None:
+def test_a_script_s_own_autotune_is_followed_as_its_loader(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
     done = feedrate_run("--json", str(out), "own_autotune.py", env=env)
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
-    verdict = doc["verdict"]
-    assert "feedrate.autotune() in the script tuned 1 loader(s)" in verdict, verdict
     assert len(doc["processes"]) == 1  # the script's: not each of autotune's workers too
-    assert "no DataLoader was iterated" not in verdict
+    (loader,) = doc["loaders"]  # the loader the script built, its epochs autotune's
+    assert loader["created_at"].startswith("own_autotune.py:")
+    assert (loader["epochs"], loader["batches"], loader["samples"]) == (2, 32, 128)
+    change = loader["autotune"]
+    assert change is not None and change["error"] is None and change["after"] is not None
+    assert change["report"]["schema"] == "feedrate.autotune/1"
+    assert "autotune: w=0 → " in done.stderr, done.stderr
+    assert "could not follow" not in doc["verdict"]
 
 
 def test_a_report_written_while_workers_die_is_not_lost(tmp_path: Path) -> None:

@@ -168,6 +168,19 @@ def test_workers_needed_follows_the_data_time_against_the_step() -> None:
     assert rules.workers_needed(computing, cpus=2) == 2
 
 
+def test_a_bottleneck_that_stood_out_nowhere_sends_to_the_doctor_by_name() -> None:
+    def fix_of(ld: LoaderRun) -> str:
+        found = rules.findings(ld, {"accelerator": "none"})
+        (fix,) = {f.fix for f in found if f.id == "bottleneck"}
+        return fix
+
+    assert fix_of(run_of(name="train.py:loader", bottleneck="unknown")) == (
+        "feedrate doctor train.py:loader"
+    )
+    # Built where feedrate tune cannot import it: the doctor on a name the user gives it.
+    assert "exposed as a name (file.py:NAME)" in fix_of(run_of(bottleneck="unknown"))
+
+
 def test_the_next_step_and_the_verdict() -> None:
     fed = run_of(wait_s=0.05, step_s=2.0)
     fed.bottleneck = rules.bottleneck_of(fed, 2)
@@ -207,6 +220,9 @@ def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     assert tuned.bottleneck == "consumer"
     steps = rules.next_step(tuned, ["train.py"], 2)
     assert "autotune moved w=0 → w=2 pf=2" in steps[0] and "num_workers=2" in steps[0]
+    # Not named (built where tune cannot import it) and autotuned already: no step to wrap it
+    # in feedrate.autotune again.
+    assert not any("feedrate.autotune(" in step for step in steps), steps
     starved = run_of()
     starved.autotune = AutotuneChange(
         before=LoaderConfig(), after=LoaderConfig(num_workers=2), settled=True, stall_after=0.6

@@ -1,6 +1,5 @@
-"""A script that wraps its loader in ``feedrate.autotune`` itself: the batches come from
-autotune's own loaders, which ``feedrate run`` does not follow; the verdict says so rather than
-that no loader was iterated."""
+"""A script that wraps its loader in ``feedrate.autotune`` itself: ``feedrate run`` follows
+it as the loader it tunes (its batches come from autotune's own loaders)."""
 
 import torch
 from torch.utils.data import DataLoader

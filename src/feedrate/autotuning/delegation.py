@@ -26,6 +26,11 @@ class Surface:
     _resume: dict[str, Any] | None
 
     @property
+    def wrapped(self) -> DataLoader[Any]:
+        """The DataLoader it tunes: the user's, never iterated itself."""
+        return self._user
+
+    @property
     def dataset(self) -> Any:
         return self._user.dataset
 

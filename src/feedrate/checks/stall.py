@@ -39,6 +39,14 @@ _FIX: dict[str, str] = {
 }
 
 
+def _fix(ld: LoaderRun, kind: str) -> str:
+    """The fix for a bottleneck of ``kind``; where none stood out, the doctor on the loader,
+    by its name where the run found one."""
+    if kind in _FIX and kind != "unknown":
+        return _FIX[kind]
+    return f"feedrate doctor {ld.name}" if ld.name else _FIX["unknown"]
+
+
 def roles(loaders: list[LoaderRun]) -> list[Role]:
     """The role of each of one process's loaders: "eval" for one that took most of its
     batches with autograd off (``torch.no_grad()``, inference mode) or fewer than
@@ -135,7 +143,7 @@ def bottleneck_finding(ld: LoaderRun, kind: Bottleneck) -> Finding:
         "info",
         f"data-bound: the loop waits for data {stall:.0%} of its time; {LABELS[kind]}: "
         f"{_evidence(ld, kind)}",
-        _FIX.get(kind, _FIX["unknown"]),
+        _fix(ld, kind),
     )
 
 
@@ -199,7 +207,7 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
     step_s = ld.step_s / ld.batches if ld.batches else 0.0
     if ld.name:
         steps.append(f"feedrate tune {ld.name} --step-time {step_s:.3g}")
-    else:
+    elif tuned is None:  # autotuned already: the first step says how to keep its answer
         steps.append(f"in code, at {ld.created_at}: loader = feedrate.autotune(DataLoader(...))")
     return steps
 
@@ -214,7 +222,7 @@ def findings(ld: LoaderRun, machine: dict[str, Any]) -> list[Finding]:
     found: list[Finding] = []
     kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
     whose = "autotune's" if trial.config != ld.config else "your"
-    stall = data_stall_finding(trial, _FIX.get(kind, _FIX["unknown"]), whose)
+    stall = data_stall_finding(trial, _fix(ld, kind), whose)
     if stall is not None and ld.role == "train":
         found.append(stall)
     epoch_samples = ld.epoch_batches * ld.batch_size if ld.epoch_batches and ld.batch_size else None

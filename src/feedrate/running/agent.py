@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType, ModuleType
 from typing import Any
 
@@ -31,6 +32,7 @@ ENV_DIR = "FEEDRATE_RUN_DIR"
 ENV_T0 = "FEEDRATE_RUN_T0"
 ENV_AUTOTUNE = "FEEDRATE_RUN_AUTOTUNE"
 HOOKED = "torch"
+FOLLOWED = "feedrate.autotuning.loader"
 
 _state: dict[str, Any] = {}
 
@@ -42,10 +44,11 @@ def start() -> None:
     _state["dir"] = os.environ[ENV_DIR]
     _state["notes"] = []
     _state["written"] = False
-    if HOOKED in sys.modules:
-        _on_import(sys.modules[HOOKED])
-    else:
-        sys.meta_path.insert(0, _Hook())
+    for name, then in ((HOOKED, _on_import), (FOLLOWED, _on_autoloader)):
+        if name in sys.modules:
+            then(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, _Hook(name, then))
     atexit.register(write_report)
     os.register_at_fork(after_in_child=_after_fork)
 
@@ -62,15 +65,19 @@ def _first_iter(sampler: Any) -> None:
 
 
 class _Hook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when torch is imported, it wraps the loader of torch's spec so
-    the patch follows the package's execution. It stays until torch is executed, not only
-    found: transformers and datasets ask ``importlib.util.find_spec("torch")`` before any
-    import (a spec that is never executed), and the import after it must be patched too."""
+    """Finds nothing itself: when module ``name`` is imported, it wraps the loader of its spec
+    so that ``then(module)`` follows the module's execution. It stays until the module is
+    executed, not only found: transformers and datasets ask ``importlib.util.find_spec("torch")``
+    before any import (a spec that is never executed), and the import after it must be patched
+    too."""
+
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
+        self.name, self.then = name, then
 
     def find_spec(
         self, fullname: str, path: Any, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != HOOKED:
+        if fullname != self.name:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -89,9 +96,9 @@ class _PatchAfter(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self._hook)  # torch is imported: imports go by as before
+            sys.meta_path.remove(self._hook)  # it is imported: imports go by as before
         self._inner.exec_module(module)
-        _on_import(module)
+        self._hook.then(module)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -122,6 +129,20 @@ def _on_import(torch: ModuleType) -> None:
         _state["notes"].append(f"feedrate could not watch DataLoader here: {exc!r}")
 
 
+def _on_autoloader(module: ModuleType) -> None:
+    """``feedrate.autotuning.loader`` is imported (torch was, first): the script's own
+    ``feedrate.autotune(loader)`` is followed as ``loader``."""
+    registry = _state.get("registry")
+    if registry is None:
+        return
+    try:
+        from feedrate.running.tuning import follow
+
+        follow(registry, module.AutoLoader)
+    except Exception as exc:
+        _state["notes"].append(f"feedrate could not follow feedrate.autotune here: {exc!r}")
+
+
 def _origin() -> float:
     """The reading of ``time.perf_counter`` at the moment ``feedrate run`` started the
     command (shared by every process through ``$FEEDRATE_RUN_T0``, a wall-clock time)."""
@@ -148,11 +169,10 @@ def report() -> dict[str, Any] | None:
 
     if _state.get("sampler") is not None:
         _state["sampler"].stop()
-    if os.environ.get(ENV_AUTOTUNE):
-        from feedrate.running.tuning import finish
+    from feedrate.running.tuning import finish
 
-        for watch in registry.watches:
-            finish(watch)
+    for watch in registry.watches:
+        finish(watch)  # --autotune's, or the script's own feedrate.autotune
     rank = _int_env("RANK")
     rank = _int_env("LOCAL_RANK") if rank is None else rank
     loaders = [w.result(os.getpid(), rank) for w in registry.watches if w.batches]
@@ -163,9 +183,9 @@ def report() -> dict[str, Any] | None:
         if not made:
             return None
         notes.append(
-            f"feedrate.autotune() in the script tuned {made} loader(s): their batches come from "
-            "autotune's own loaders, which feedrate run does not follow; AutoLoader.report() "
-            "has them"
+            f"feedrate.autotune() in the script tuned {made} loader(s) that feedrate run could "
+            "not follow (built where it does not look, or never iterated); AutoLoader.report() "
+            "has what autotune did"
         )
     run = ProcessRun(
         pid=os.getpid(),

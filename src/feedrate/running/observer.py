@@ -265,7 +265,12 @@ class Registry:
             self.watches.append(watch)
             self.by_loader[loader] = watch
 
-    def iterate(self, loader: DataLoader[Any], own_iter: Callable[[], Any]) -> Any:
+    def iterate(
+        self, loader: DataLoader[Any], own_iter: Callable[[], Any], tuner: Any = None
+    ) -> Any:
+        """An epoch of ``loader``: ``own_iter()``'s, timed, where it is watched. ``tuner``: the
+        script's own ``feedrate.autotune(loader)`` that ``own_iter`` iterates (its epochs are
+        the loader's, what it changed goes in the report, and it is not tuned again)."""
         watch = self.by_loader.get(loader)
         if watch is None:
             return own_iter()
@@ -273,7 +278,10 @@ class Registry:
             start, self.on_first_iter = self.on_first_iter, None
             start()
         watch.new_epoch(time.perf_counter(), evaluating(sys._getframe(1)))
-        inner = self.replacer(watch, loader, own_iter) if self.replacer is not None else None
+        if tuner is not None and watch.tuner is None:
+            watch.tuner, watch.autotune = tuner, AutotuneChange(before=watch.config)
+        replace = self.replacer if tuner is None else None
+        inner = replace(watch, loader, own_iter) if replace is not None else None
         if inner is None:
             inner = own_iter()
         watch.iterator = inner

@@ -7,11 +7,14 @@ function (``observer.EVAL_FUNCTIONS``: an evaluation loop is left as it is, unde
 ``torch.no_grad()`` or, as transformers' Trainer runs it, with autograd off only per step).
 Where autotune cannot wrap a loader, the loader is observed as it is, and the report says why.
 A loader that is feedrate's answer already (``result.loader()``, as the integrations' callbacks
-hand it over) is observed as it is.
+hand it over) is observed as it is. A script's own ``feedrate.autotune(loader)`` is followed
+as ``loader`` is (``follow``), with or without ``--autotune``.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedrate.results.run import AutotuneChange
-from feedrate.running.observer import Replacer, Watch
+from feedrate.running.observer import Registry, Replacer, Watch
 
 
 def replacer() -> Replacer:
@@ -34,6 +37,26 @@ def replacer() -> Replacer:
 
 
 _recording: list[Any] = []
+#: The AutoLoaders ``--autotune`` made (``follow`` leaves them to the replacer).
+_OURS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def follow(registry: Registry, cls: type[Any]) -> None:
+    """Wrap ``cls.__iter__`` (``AutoLoader``'s, once): the script's own
+    ``feedrate.autotune(loader)`` is followed as ``loader`` (``Registry.iterate``): its epochs
+    timed, what autotune changed in the report, as ``--autotune``'s are."""
+    if getattr(cls, "__feedrate_run__", False):
+        return
+    own_iter = cls.__iter__
+
+    @functools.wraps(own_iter)
+    def __iter__(self: Any) -> Any:
+        if self in _OURS:  # --autotune's, iterated by the loader's own watch already
+            return own_iter(self)
+        return registry.iterate(self.wrapped, lambda: own_iter(self), tuner=self)
+
+    cls.__iter__ = __iter__
+    cls.__feedrate_run__ = True
 
 
 def _tuned_epoch(
@@ -52,6 +75,7 @@ def _tuned_epoch(
 
             rebuild(loader, watch.config)  # autotune's trial loaders are rebuilt: can they be?
             watch.tuner = autotune(loader)
+            _OURS.add(watch.tuner)
         except Exception as exc:
             watch.autotune = AutotuneChange(before=watch.config, error=_why(exc))
             return None
