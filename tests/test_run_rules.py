@@ -229,6 +229,11 @@ def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     )
     stall = next(f for f in rules.findings(starved, {}) if f.id == "data-stall")
     assert "with autotune's settings (w=2" in stall.message  # not "your settings": yours were w=0
+    starved.bottleneck = rules.bottleneck_of(starved, 2)
+    found = next(f for f in rules.findings(starved, {}) if f.id == "bottleneck")
+    # Not what w=0 would show (the user's settings, which autotune left): autotune's answer.
+    assert "w=2 pf=2, autotune's (settled): the run does not tell" in found.message, found.message
+    assert "w=0" not in found.message
 
 
 # --- the report: JSON and rendering ----------------------------------------------------------

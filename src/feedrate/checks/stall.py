@@ -111,6 +111,12 @@ def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck:
 
 
 def _evidence(ld: LoaderRun, kind: str) -> str:
+    tuned = ld.autotune
+    if ld.tuned and tuned is not None and tuned.after is not None:
+        # The figures of the run mix autotune's trials; they do not tell what limits its
+        # answer (the user's settings, in ``ld.config``, ran only in its first trial if at all).
+        how = "settled" if tuned.settled else "still tuning"
+        return f"{tuned.after.label()}, autotune's ({how}): the run does not tell what limits it"
     main = ld.main_cpu_in_next
     parts = [f"{ld.config.label()}"]
     if main is not None:
