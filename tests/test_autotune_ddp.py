@@ -296,11 +296,12 @@ ds = SleepDataset({n}, sleep_s=0.003)
 sampler = DistributedSampler(ds, shuffle=True, seed=3)
 loader = DataLoader(ds, batch_size={batch}, sampler=sampler)
 auto = feedrate.autotune(loader, cache=False, budget_s=20, max_workers=3)
-if mode == "nostart" and rank == 1:  # its first trial lane's workers do not start
-    import threading
+if mode in ("nostart", "firstfail") and rank == 1:  # its first trial lane's workers do not
+    import threading  # start (firstfail: the lane it starts with, at the first epoch)
     from feedrate.autotuning import lanes
     def failing(obj, failed=[]):
-        if threading.current_thread().name == "feedrate-lane-start" and not failed:
+        beside = threading.current_thread().name == "feedrate-lane-start"
+        if beside == (mode == "nostart") and not failed:
             failed.append(obj)
             raise OSError("no space left in /dev/shm")
         return iter(obj)
@@ -356,17 +357,21 @@ def torchrun(tmp_path: Path, mode: str, timeout_s: float = 100) -> tuple[int, st
     return done.returncode, done.stdout, done.seconds
 
 
-@pytest.mark.parametrize("mode", ["order", "nostart"])
+@pytest.mark.parametrize("mode", ["order", "nostart", "firstfail"])
 def test_two_ranks_keep_their_shard_order_and_switch_together(tmp_path: Path, mode: str) -> None:
     # "nostart": rank 1's first trial lane cannot start its workers; neither rank's takes over,
-    # and both go on, on the lanes they drained, with every batch.
+    # and both go on, on the lanes they drained, with every batch. "firstfail": the lane rank 1
+    # starts with cannot start; both ranks start the epoch on the loader's own settings instead
+    # (rank 0's lane, which started, gives back the batches it took).
     code, out, _ = torchrun(tmp_path, mode)
     assert code == 0, out[-3000:]
     docs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     logs = [d["log"] for d in docs]
-    if mode == "nostart":
+    if mode in ("nostart", "firstfail"):
         for d in docs:
             assert d["errors"][0] == "did not start: rank 1: no space left in /dev/shm", d
+    if mode == "firstfail":
+        assert all(log[0][3] == "w=0" for log in logs), [log[0] for log in logs]
     ds = SleepDataset(N, sleep_s=0.0)
     for r, log in enumerate(logs):
         for epoch in range(2):
@@ -385,7 +390,7 @@ def test_two_ranks_keep_their_shard_order_and_switch_together(tmp_path: Path, mo
     if mode == "nostart":  # the move was decided while a lane drained, and did not take over
         # (a later one may or may not, within the two epochs, on a busy machine)
         assert len({cfg for *_, cfg in logs[0]}) >= 2, "no move was decided: nothing tested"
-    else:
+    elif mode == "order":
         assert len({lane for *_, lane, _ in logs[0]}) >= 2, "no switch was made: nothing tested"
 
 

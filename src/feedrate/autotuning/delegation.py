@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader
 
 from feedrate.errors import UserError
 from feedrate.loader import libraries
+
+_S = TypeVar("_S", bound="Surface")
 
 
 class Surface:
@@ -24,6 +26,15 @@ class Surface:
     _user: DataLoader[Any]
     _lane: Any
     _resume: dict[str, Any] | None
+
+    def close(self, *, channel: bool = True) -> None:
+        raise NotImplementedError  # the AutoLoader's
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def wrapped(self) -> DataLoader[Any]:

@@ -119,12 +119,6 @@ class AutoLoader(delegation.Surface):
         self._lane = self._next = self._moving = None
         self._tuner.stopped()
 
-    def __enter__(self) -> AutoLoader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __iter__(self) -> Iterator[Any]:
         try:
             yield from (self._epoch() if self._pipeline is None else self._pipeline())
@@ -255,12 +249,18 @@ class AutoLoader(delegation.Surface):
         fresh = lane is None
         lane = lane or self._new_lane(cfg)
         called = self._clock()
+        together = fresh and self._job is not None  # a job's ranks run one configuration
+        error: Exception | None = None
         try:
-            self._begin_epoch(lane, stream)
+            self._begin_epoch(lane, stream, keep=together)
         except Exception as exc:
-            if not fresh or self._job is not None:
-                raise  # a job's ranks run one configuration: the job stops, every rank told
-            lane = self._fall_back(lane, stream, exc, left)
+            if not fresh:
+                raise
+            error = exc
+        if together:  # then all fall back if one rank's did not start
+            error = self._job.all_started(lane, stream, error)  # type: ignore[union-attr]
+        if error is not None:
+            lane = self._fall_back(lane, stream, error, left)
         now = self._clock()
         self._tuner.lane_started(now, fresh, now - called)  # a trial starts again with the epoch
         self._follow(lane, now)
@@ -271,10 +271,10 @@ class AutoLoader(delegation.Surface):
         self._lane = Lane(self._user, cfg, self._split, seed, self._clock)
         return self._lane
 
-    def _begin_epoch(self, lane: Lane, stream: Stream | None) -> None:
+    def _begin_epoch(self, lane: Lane, stream: Stream | None, keep: bool = False) -> None:
         delegation.resume(lane.loader, self._resume)  # kept until a lane started
         try:
-            lane.start(stream)
+            lane.start(stream, keep=keep)
         finally:
             self._hangs(lane)
         self._resume = None
@@ -282,8 +282,8 @@ class AutoLoader(delegation.Surface):
     def _fall_back(
         self, lane: Lane, stream: Stream | None, error: Exception, left: LoaderConfig | None
     ) -> Lane:
-        """A new lane's workers did not start (processes, memory, open files): the last epoch's
-        configuration (``left``; else the loader's own) takes the epoch, the failure reported."""
+        """A new lane's workers did not start (processes, memory, open files; in a job, on any
+        rank): the last epoch's configuration (``left``; else the loader's own) takes it."""
         back = left or online(config_of(self._user))
         lane.close()
         if back == lane.config:

@@ -9,8 +9,10 @@ tuner, which therefore takes the same decision at the same batch on every rank. 
 in lockstep (training's own all-reduce) reach that call together, so none waits for another
 outside it. A switch starts the next lane at the same batch on every rank (the first past
 every batch any rank's lane already took), and a lane that cannot start on one rank is given up
-on all (``Job.started``, a second call only when moving). Once settled, a watch stretch of a
-known number of batches ends with one call (``Job.watch``); between them, no call at all.
+on all (``Job.started``, a second call only when moving; a new lane at an epoch's start, the
+first included, makes the same call, and every rank falls back alike: ``Job.all_started``).
+Once settled, a watch stretch of a known number of batches ends with one call (``Job.watch``);
+between them, no call at all.
 
 Every call waits ``TIMEOUT_S`` at most, and a rank's own failure is sent instead of its figures,
 so the others stop with a ``RankError`` naming it. A rank that stops iterating mid-epoch (an
@@ -135,6 +137,23 @@ class Job:
         first rank's failure, named, or None."""
         docs = self.gather({"error": error})
         return next((f"rank {r}: {d['error']}" for r, d in enumerate(docs) if d["error"]), None)
+
+    def all_started(
+        self, lane: Lane, stream: Stream | None, error: Exception | None
+    ) -> Exception | None:
+        """Whether an epoch's new lane started on every rank (``error``: why not here; it was
+        started keeping what it took): None, or the first rank's failure, named alike on every
+        rank. A lane that started here while another's did not gives its batches back."""
+        failed_on = self.started(None if error is None else str(error))
+        feed = lane.feed
+        if error is None and stream is not None and feed is not None and feed.kept is not None:
+            if failed_on is None:
+                lane.stays()
+            else:
+                lane.give_back(stream)
+        elif feed is not None:
+            feed.kept = None  # a failed start put its batches back itself
+        return None if failed_on is None else RankError(failed_on)
 
     def switch(
         self,
