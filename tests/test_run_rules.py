@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +26,9 @@ from feedrate.render.run import render_html, run_report, sparkline
 from feedrate.results.run import AutotuneChange, LoaderRun, ProcessRun, RunReport, Window
 from feedrate.running.launch import command_of, module_found
 from feedrate.running.observer import ObservedIterator, Registry, Watch, importable, install
+from feedrate.running.sampler import Sampler
 from feedrate.running.timeline import Timeline
+from feedrate.running.tuning import follow
 
 
 def _loader(n: int = 12) -> DataLoader[Any]:
@@ -102,6 +107,33 @@ def test_a_loader_built_again_every_epoch_is_one_loader() -> None:
     first, second = registry.watches
     assert (first.epochs, first.batches, len(first.restarts)) == (3, 6, 2)
     assert (second.epochs, second.batches) == (1, 2)
+
+
+def test_a_script_s_own_tuner_is_followed_as_its_loader_and_its_lanes_workers_read() -> None:
+    class Own(DataLoader[Any]):
+        pass
+
+    registry = Registry(origin=0.0)
+    install(registry, Own)
+    loader = Own(TensorDataset(torch.arange(8.0)), batch_size=4)
+
+    class Tuner:  # what follow() needs of an AutoLoader: the loader it wraps, its lane's workers
+        def __init__(self, wrapped: DataLoader[Any]) -> None:
+            self.wrapped = wrapped
+            self.lane_iterator = SimpleNamespace(_workers=[SimpleNamespace(pid=os.getpid())])
+
+        def __iter__(self) -> Iterator[Any]:  # a lane of its own (feedrate's: not watched)
+            return iter(DataLoader(self.wrapped.dataset, batch_size=4))
+
+    follow(registry, Tuner)
+    tuner = Tuner(loader)
+    for _epoch in range(2):
+        assert sum(1 for _ in tuner) == 2
+    (watch,) = registry.watches
+    assert (watch.epochs, watch.batches, watch.tuner) == (2, 4, tuner)
+    assert watch.autotune is not None and watch.autotune.before == watch.config
+    Sampler(lambda: list(registry.watches)).read(memory=False)
+    assert list(watch.worker_cpu) == [os.getpid()]  # the lane's workers, not the loader's none
 
 
 def test_the_timeline_keeps_a_bounded_number_of_windows() -> None:

@@ -42,6 +42,11 @@ class Surface:
         return self._user
 
     @property
+    def lane_iterator(self) -> Any:
+        """The iterator of the lane in use, whose ``_workers`` are the workers now (or None)."""
+        return getattr(self._lane, "it", None)
+
+    @property
     def dataset(self) -> Any:
         return self._user.dataset
 

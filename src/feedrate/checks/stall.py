@@ -64,7 +64,7 @@ def observed_trial(ld: LoaderRun) -> Trial:
     delivered per window of its timeline, its stall, start-up and restarts, and its CPU use
     (the main thread's while waiting, the workers' over the loop). Once ``--autotune`` tuned
     it, the settings are autotune's and the stall the settled one."""
-    config = ld.autotune.after if ld.tuned and ld.autotune and ld.autotune.after else ld.config
+    config = ld.settled_config
     per_batch = ld.samples / ld.batches if ld.batches else 0.0
     rates = [
         w.batches * per_batch / (w.wait_s + w.step_s)

@@ -70,7 +70,7 @@ def sparkline(timeline: list[Window], width: int = SPARK_WIDTH) -> str:
 
 
 def _workers(ld: LoaderRun) -> str:
-    if not ld.config.num_workers:
+    if not ld.settled_config.num_workers and not ld.workers.cpu_util:
         return "-"
     cpu = "-" if ld.workers.cpu_util is None else f"{ld.workers.cpu_util:.0%} CPU"
     memory = ld.workers.pss_bytes or ld.workers.uss_bytes

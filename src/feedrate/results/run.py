@@ -165,6 +165,12 @@ class LoaderRun:
         return t is not None and t.after is not None and t.error is None
 
     @property
+    def settled_config(self) -> LoaderConfig:
+        """The settings that tell what the loader runs now: once tuned, autotune's."""
+        t = self.autotune
+        return t.after if self.tuned and t is not None and t.after is not None else self.config
+
+    @property
     def settled_stall(self) -> float | None:
         """The stall that tells what the loader needs now: once tuned, the stall over the
         last half of the batches; else the whole loop's."""

@@ -69,7 +69,8 @@ class Sampler:
         """One reading of every watched loader's workers (and of /dev/shm)."""
         shm = shm_used_bytes(self._shm_path)
         for watch in self._watches():
-            pids = worker_pids(watch.iterator)
+            tuner = watch.tuner  # autotune's (--autotune or the script's): its lane's workers
+            pids = worker_pids(watch.iterator if tuner is None else tuner.lane_iterator)
             if not pids:
                 continue
             uss = pss = 0
