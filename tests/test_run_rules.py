@@ -28,7 +28,7 @@ from feedrate.running.launch import command_of, module_found
 from feedrate.running.observer import ObservedIterator, Registry, Watch, importable, install
 from feedrate.running.sampler import Sampler
 from feedrate.running.timeline import Timeline
-from feedrate.running.tuning import follow
+from feedrate.running.tuning import _tuned_epoch, follow
 
 
 def _loader(n: int = 12) -> DataLoader[Any]:
@@ -113,7 +113,7 @@ def test_a_script_s_own_tuner_is_followed_as_its_loader_and_its_lanes_workers_re
     class Own(DataLoader[Any]):
         pass
 
-    registry = Registry(origin=0.0)
+    registry = Registry(origin=0.0, replacer=_tuned_epoch)  # as under --autotune
     install(registry, Own)
     loader = Own(TensorDataset(torch.arange(8.0)), batch_size=4)
 
@@ -132,8 +132,14 @@ def test_a_script_s_own_tuner_is_followed_as_its_loader_and_its_lanes_workers_re
     (watch,) = registry.watches
     assert (watch.epochs, watch.batches, watch.tuner) == (2, 4, tuner)
     assert watch.autotune is not None and watch.autotune.before == watch.config
+    # Its generator is not held (a break ends its workers at once); its lane's workers are read.
+    assert watch.iterator is None
     Sampler(lambda: list(registry.watches)).read(memory=False)
     assert list(watch.worker_cpu) == [os.getpid()]  # the lane's workers, not the loader's none
+    # The loader iterated raw (an evaluation pass over it): observed as it is, not handed to
+    # the script's tuner, whose epoch it would count twice.
+    assert sum(1 for _ in loader) == 2
+    assert (watch.epochs, watch.batches, watch.tuner) == (3, 6, tuner)
 
 
 def test_the_timeline_keeps_a_bounded_number_of_windows() -> None:

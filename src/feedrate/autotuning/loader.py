@@ -249,15 +249,17 @@ class AutoLoader(delegation.Surface):
         fresh = lane is None
         lane = lane or self._new_lane(cfg)
         called = self._clock()
-        together = fresh and self._job is not None  # a job's ranks run one configuration
+        # A job's first lane (the ranks just met) starts on all or none; later a rank may come
+        # late to an epoch (rank 0's checkpoint): one that cannot start stops the job, all told.
+        together = fresh and self._job is not None and left is None
         error: Exception | None = None
         try:
             self._begin_epoch(lane, stream, keep=together)
         except Exception as exc:
-            if not fresh:
+            if not fresh or (self._job is not None and not together):
                 raise
             error = exc
-        if together:  # then all fall back if one rank's did not start
+        if together:  # all fall back if one rank's did not start
             error = self._job.all_started(lane, stream, error)  # type: ignore[union-attr]
         if error is not None:
             lane = self._fall_back(lane, stream, error, left)
@@ -282,8 +284,8 @@ class AutoLoader(delegation.Surface):
     def _fall_back(
         self, lane: Lane, stream: Stream | None, error: Exception, left: LoaderConfig | None
     ) -> Lane:
-        """A new lane's workers did not start (processes, memory, open files; in a job, on any
-        rank): the last epoch's configuration (``left``; else the loader's own) takes it."""
+        """A new lane's workers did not start (in a job, a first one on any rank): the last
+        epoch's configuration (``left``; else the loader's own) takes the epoch."""
         back = left or online(config_of(self._user))
         lane.close()
         if back == lane.config:
@@ -298,8 +300,7 @@ class AutoLoader(delegation.Surface):
         """A batch asked for at ``asked``, got at ``got``; the loop asked again at ``back``."""
         size = batch_nbytes(batch) if self._tuner.wants_batch_bytes else None
         wait, step = wait_and_step(asked, got, back)
-        now = back[0]
-        self._tuner.observe(self._count(batch), wait, step, now, size, busy(asked, got))
+        self._tuner.observe(self._count(batch), wait, step, now := back[0], size, busy(asked, got))
         self._mark.exact = self._tuner.wants_queued
         if self._job is not None and self._tuner.watch_due is not None:
             self._job.watch(self._tuner, now)  # a watch stretch ends on every rank here
@@ -366,9 +367,8 @@ class AutoLoader(delegation.Surface):
         return nxt
 
     def _take_next(self, lane: Lane, stream: Stream) -> Lane:
-        """The drained lane ends; the next one, started meanwhile, takes over. Should its
-        workers not have started (memory, /dev/shm, open files; on any rank of a job), the
-        drained lane goes on with the epoch's next batches."""
+        """The drained lane ends; the next one, started meanwhile, takes over, or where its
+        workers did not start (on any rank of a job), the drained one goes on with the epoch."""
         nxt, proposal = self._next, self._moving
         assert nxt is not None and proposal is not None
         error = nxt.start_error() if self._job is None else self._job.take_over(nxt, stream)

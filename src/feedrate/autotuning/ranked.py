@@ -9,8 +9,8 @@ tuner, which therefore takes the same decision at the same batch on every rank. 
 in lockstep (training's own all-reduce) reach that call together, so none waits for another
 outside it. A switch starts the next lane at the same batch on every rank (the first past
 every batch any rank's lane already took), and a lane that cannot start on one rank is given up
-on all (``Job.started``, a second call only when moving; a new lane at an epoch's start, the
-first included, makes the same call, and every rank falls back alike: ``Job.all_started``).
+on all (``Job.started``, a second call only when moving; the first lane, right after the ranks
+met, makes the same call, and every rank falls back alike: ``Job.all_started``).
 Once settled, a watch stretch of a known number of batches ends with one call (``Job.watch``);
 between them, no call at all.
 
@@ -141,7 +141,7 @@ class Job:
     def all_started(
         self, lane: Lane, stream: Stream | None, error: Exception | None
     ) -> Exception | None:
-        """Whether an epoch's new lane started on every rank (``error``: why not here; it was
+        """Whether the first lane started on every rank (``error``: why not here; it was
         started keeping what it took): None, or the first rank's failure, named alike on every
         rank. A lane that started here while another's did not gives its batches back."""
         failed_on = self.started(None if error is None else str(error))

@@ -213,7 +213,7 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
     step_s = ld.step_s / ld.batches if ld.batches else 0.0
     if ld.name:
         steps.append(f"feedrate tune {ld.name} --step-time {step_s:.3g}")
-    elif tuned is None:  # autotuned already: the first step says how to keep its answer
+    elif not ld.tuned:  # autotuned already: the first step says how to keep its answer
         steps.append(f"in code, at {ld.created_at}: loader = feedrate.autotune(DataLoader(...))")
     return steps
 

@@ -278,13 +278,16 @@ class Registry:
             start, self.on_first_iter = self.on_first_iter, None
             start()
         watch.new_epoch(time.perf_counter(), evaluating(sys._getframe(1)))
-        if tuner is not None and watch.tuner is None:
-            watch.tuner, watch.autotune = tuner, AutotuneChange(before=watch.config)
+        if tuner is not None and watch.tuner is not tuner:  # the latest the script made
+            watch.tuner = tuner
+            watch.autotune = watch.autotune or AutotuneChange(before=watch.config)
         replace = self.replacer if tuner is None else None
         inner = replace(watch, loader, own_iter) if replace is not None else None
         if inner is None:
             inner = own_iter()
-        watch.iterator = inner
+        # Not a tuner's generator (its lane's workers are read through it): a break out of
+        # the loop closes it at once, its workers ended, the other ranks told.
+        watch.iterator = inner if watch.tuner is None else None
         return ObservedIterator(inner, watch)
 
 

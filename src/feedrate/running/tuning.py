@@ -64,6 +64,8 @@ def _tuned_epoch(
 ) -> Iterator[Any] | None:
     if watch.evaluating:
         return None  # an evaluation loop, even over a loader tuned for training: left as it is
+    if watch.tuner is not None and watch.tuner not in _OURS:
+        return None  # the script tunes it itself (follow): iterated raw, it is left as it is
     if watch.tuner is None:
         if watch.autotune is not None or not torch.is_grad_enabled():
             return None  # autotune refused it before, or an evaluation loop

@@ -65,9 +65,10 @@ POOL_CPUS = 4
 def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     """Go past the largest count tried while it is the fastest. Latency-bound (its workers
     mostly wait) and gaining more than the noise on its last step: to the count the scaling
-    predicts (``scaling.step_up``). CPU-bound: one more worker than CPUs, then twice and three
-    times the CPUs while the top stays fastest (gaps in the workers' I/O, and a deeper pool
-    against uneven samples, can pay past the core count by less than short trials resolve)."""
+    predicts (``scaling.step_up``). CPU-bound: one more worker than CPUs, then twice, three and
+    up to ``POOL_CPUS`` times the CPUs while the top stays fastest (gaps in the workers' I/O,
+    and a deeper pool against uneven samples, can pay past the core count by less than short
+    trials resolve)."""
     main = series(space, trials)
     top = max(main, key=lambda t: t.config.num_workers, default=None)
     if top is None or top.config.num_workers == 0:
