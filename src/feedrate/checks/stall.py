@@ -111,12 +111,12 @@ def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck:
 
 
 def _evidence(ld: LoaderRun, kind: str) -> str:
-    tuned = ld.autotune
-    if ld.tuned and tuned is not None and tuned.after is not None:
+    if ld.tuned:
         # The figures of the run mix autotune's trials; they do not tell what limits its
         # answer (the user's settings, in ``ld.config``, ran only in its first trial if at all).
-        how = "settled" if tuned.settled else "still tuning"
-        return f"{tuned.after.label()}, autotune's ({how}): the run does not tell what limits it"
+        how = "settled" if ld.autotune is not None and ld.autotune.settled else "still tuning"
+        answer = ld.settled_config.label()
+        return f"{answer}, autotune's ({how}): the run does not tell what limits it"
     main = ld.main_cpu_in_next
     parts = [f"{ld.config.label()}"]
     if main is not None:
