@@ -205,6 +205,13 @@ def test_a_script_s_own_autotune_is_followed_as_its_loader(tmp_path: Path) -> No
     assert "could not follow" not in doc["verdict"]
 
 
+def test_workers_of_a_loader_the_script_let_go_end_as_without_feedrate() -> None:
+    done = feedrate_run("loaders_let_go.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["live 0"] * 3, done.stdout
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
 def test_a_report_written_while_workers_die_is_not_lost(tmp_path: Path) -> None:
     # SIGTERM to the whole group: workers die while the script's report is written, and
     # torch's SIGCHLD handler raised inside it ("report was lost", in half of the runs).

@@ -19,7 +19,6 @@ import contextlib
 import functools
 import os
 import sys
-import sysconfig
 import threading
 import time
 import weakref
@@ -34,6 +33,7 @@ from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.rebuild import built_for_the_user, config_of
 from feedrate.measuring import runqueue
 from feedrate.results.run import AutotuneChange, LoaderRun, WorkerUse
+from feedrate.running.sites import evaluating, library, shown
 from feedrate.running.timeline import Timeline
 
 #: The calling thread's seconds queued for a CPU: a wait the loop spent there is not the data's.
@@ -70,13 +70,26 @@ class Watch:
         self.last: float | None = None  # when the last batch was handed out, in this epoch
         self.began = 0.0  # when this epoch's iter() was called
         self.timeline = Timeline(origin)
-        self.iterator: Any = None  # the iterator of the epoch in progress (its workers)
+        self._iterator: Callable[[], Any] = _none  # the epoch's iterator, weakly (its workers)
         self.worker_cpu: dict[int, float] = {}  # pid → CPU seconds read last
         self.worker_uss: int | None = None
         self.worker_pss: int | None = None
         self.shm_peak: int | None = None
         self.autotune: AutotuneChange | None = None
         self.tuner: Any = None  # the AutoLoader standing in for the loader, with --autotune
+
+    @property
+    def iterator(self) -> Any:
+        """The iterator of the epoch in progress (its workers), while the script holds it."""
+        return self._iterator()
+
+    @iterator.setter
+    def iterator(self, inner: Any) -> None:
+        # Held weakly: the script's loaders and their workers live as long as without feedrate.
+        try:
+            self._iterator = _none if inner is None else weakref.ref(inner)
+        except TypeError:  # an iterator with no weak references (a list's) has no workers
+            self._iterator = _none
 
     def new_epoch(self, now: float, evaluating: bool = False) -> None:
         """An epoch begins at ``now``; ``evaluating``: iterated from an evaluation loop."""
@@ -183,6 +196,10 @@ def importable(file: str, key: str) -> bool:
             targets = [node.target]
         assigned |= any(isinstance(t, ast.Name) and t.id == key for t in targets)
     return assigned
+
+
+def _none() -> None:
+    return None
 
 
 class ObservedIterator:
@@ -310,8 +327,8 @@ def creation_site(loader: object, frame: FrameType | None) -> tuple[str, str | N
         if _building(loader, frame) or ours:
             frame = frame.f_back
             continue
-        site = f"{_shown(file)}:{frame.f_lineno}", frame.f_globals.get("__name__")
-        if not _library(path):
+        site = f"{shown(file)}:{frame.f_lineno}", frame.f_globals.get("__name__")
+        if not library(path):
             return site
         via = via or site
         frame = frame.f_back
@@ -339,42 +356,6 @@ def _batching(loader: DataLoader[Any]) -> tuple[object, ...]:
     and ``drop_last``."""
     sampler, batches = type(loader.sampler).__name__, type(loader.batch_sampler).__name__
     return loader.batch_size, sampler, batches, loader.drop_last
-
-
-#: Functions that run an evaluation loop: a loader iterated from inside one is an evaluation
-#: loader, whatever autograd's state (transformers' Trainer turns autograd off only around each
-#: step, inside ``prediction_step``).
-EVAL_FUNCTIONS = frozenset(
-    {"evaluation_loop", "prediction_loop", "evaluate", "predict", "validate", "validation_loop"}
-)
-
-
-def evaluating(frame: FrameType | None, depth: int = 64) -> bool:
-    """A function of ``EVAL_FUNCTIONS`` is on the stack from ``frame`` outwards (``depth``
-    frames at most)."""
-    while frame is not None and depth > 0:
-        if frame.f_code.co_name in EVAL_FUNCTIONS:
-            return True
-        frame, depth = frame.f_back, depth - 1
-    return False
-
-
-#: Where installed packages and the standard library live.
-_LIBRARY_DIRS = tuple(
-    {os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib", "stdlib")}
-)
-
-
-def _library(path: str) -> bool:
-    """``path`` (absolute) is an installed package's or the standard library's file."""
-    parts = path.split(os.sep)
-    return path.startswith(_LIBRARY_DIRS) or "site-packages" in parts or "dist-packages" in parts
-
-
-def _shown(file: str) -> str:
-    path = os.path.abspath(file)
-    here = os.getcwd() + os.sep
-    return path[len(here) :] if path.startswith(here) else path
 
 
 def install(registry: Registry, cls: type[DataLoader[Any]] = DataLoader) -> None:

@@ -3,7 +3,7 @@
 cache used and filled), and what it changed goes into the report.
 
 A loader is tuned from its first ``iter()`` taken with autograd on and outside an evaluation
-function (``observer.EVAL_FUNCTIONS``: an evaluation loop is left as it is, under
+function (``sites.EVAL_FUNCTIONS``: an evaluation loop is left as it is, under
 ``torch.no_grad()`` or, as transformers' Trainer runs it, with autograd off only per step).
 Where autotune cannot wrap a loader, the loader is observed as it is, and the report says why.
 A loader that is feedrate's answer already (``result.loader()``, as the integrations' callbacks
