@@ -5,6 +5,7 @@ fake clock. Assertions are about choices with wide margins, never about speed.""
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
@@ -33,7 +34,14 @@ from feedrate.search.space import Space
 from feedrate.workflows.tune import tune
 from feedrate.workflows.tune_search import MIN_TRIAL_WALL_S, TrialLimits, TuneSearch, trial_limits
 
-from pipelines import EmptyDataset, FailingDataset, RacyDataset, SleepDataset, TinyDataset
+from pipelines import (
+    EmptyDataset,
+    FailingDataset,
+    RacyDataset,
+    SleepDataset,
+    TinyDataset,
+    UnshardedStream,
+)
 
 FAST = {"trial_seconds": 0.5, "use_cache": False}
 
@@ -81,6 +89,39 @@ def test_latency_bound_goes_past_the_cpu_count() -> None:
     assert not [w for w in caught if "suggested max" in str(w.message)]
     # The leader and your settings were measured again side by side, windows pooled.
     assert r.best.repeats >= 2 and r.baseline.repeats >= 2
+
+
+class WaitingStream(UnshardedStream):
+    """Each item after a wait (latency-bound: workers would overlap the waits); ``split``: each
+    worker yields its own share of the stream, else every worker yields all of it."""
+
+    def __init__(self, split: bool) -> None:
+        super().__init__(2048)
+        self.split = split
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        for i, item in enumerate(super().__iter__()):
+            if self.split and info is not None and i % info.num_workers != info.id:
+                continue
+            time.sleep(0.002)
+            yield item
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_a_stream_seen_to_repeat_in_each_worker_keeps_its_worker_count(split: bool) -> None:
+    # Copies of the stream count as samples/s: more workers would look faster, every one a
+    # repeat. A stream that splits by worker is tuned as any other.
+    loader = DataLoader(WaitingStream(split), batch_size=16)
+    r = tune(loader, budget_s=20, **FAST)
+    if split:
+        assert r.best.config.num_workers > 0
+        assert "stays yours" not in r.reason
+    else:
+        assert r.best.config.num_workers == 0
+        assert not any(t.config.num_workers for t in r.trials), [t.config for t in r.trials]
+        assert "The worker count stays yours: 2 workers did not yield different items" in r.reason
+        assert "get_worker_info()" in r.reason
 
 
 def test_consumer_step_time_picks_the_fewest_workers_that_keep_it_fed() -> None:

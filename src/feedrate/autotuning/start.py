@@ -116,7 +116,8 @@ def starting_point(
     config, started_from, stall = _start_config(loader, facts, space, keys, first)
     config, started_from = within_shm(facts, config, started_from, first)
     if unsplit is not None:
-        config, started_from = config_of(loader), f"your settings: {unsplit}"
+        kept = f"your settings: an IterableDataset keeps its worker count: {unsplit}"
+        config, started_from = config_of(loader), kept
     settled = unsplit is not None or started_from == FROM_CACHE
     return Start(config, started_from, settled, stall, space, own if use_cache else None)
 
@@ -245,7 +246,9 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
     return None
 
 
-def unsplit_stream(loader: DataLoader[Any]) -> tuple[str | None, float | None]:
+def unsplit_stream(
+    loader: DataLoader[Any], who: str = "autotune"
+) -> tuple[str | None, float | None]:
     """Why an IterableDataset loader must keep its own worker count, or None (its library is
     known to split the stream by worker, or 2 workers were seen to yield different samples,
     by identity or by content seeded alike: never on too little to tell). With workers of
@@ -256,7 +259,7 @@ def unsplit_stream(loader: DataLoader[Any]) -> tuple[str | None, float | None]:
     try:
         digests = stream_digests(loader, limit=32, seconds=2.0)
     except Exception as exc:  # the check itself failed: stay safe
-        return f"an IterableDataset keeps its worker count (the check failed: {exc})", None
+        return f"the check of its stream failed ({exc})", None
     seen = streams.stream_verdict(digests)
     if seen.verdict == "split":
         return None, digests.cpu_share
@@ -266,6 +269,6 @@ def unsplit_stream(loader: DataLoader[Any]) -> tuple[str | None, float | None]:
         "distinct ones)",
     }[seen.verdict]
     return (
-        f"an IterableDataset keeps its worker count: {why}, so each worker may yield the whole "
-        "stream (split it by get_worker_info() to let autotune choose the workers)"
+        f"{why}, so each worker may yield the whole stream (split it by get_worker_info() to "
+        f"let {who} choose the workers)"
     ), None

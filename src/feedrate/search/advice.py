@@ -91,6 +91,8 @@ def reason(
     loaded (``contended``: the answer itself, your settings, or one it was preferred to), a
     second saying so."""
     why = _reason(space, best, baseline, consumer, trials)
+    if space.kept_workers:
+        why = f"{why} The worker count stays yours: {space.kept_workers}."
     compared = [best, baseline, *(t for t in trials or [] if t.measured)]
     unique = list({id(t): t for t in compared}.values())
     loaded = [t for t in unique if contended(t, space.cpus)]
@@ -144,6 +146,8 @@ def _reason(
             "time waiting for data)."
         )
     kind = bottleneck(best, cpus)
+    if space.max_workers == 0:  # max_workers=0, or a stream that must keep its count
+        return f"No workers were tried: the search allowed none ({best.median:,.3g} samples/s)."
     unmeasured = _workers_unmeasured(best, trials)
     if unmeasured is not None:
         return unmeasured

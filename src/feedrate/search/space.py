@@ -99,6 +99,9 @@ class Space:
     #: Samples per batch (the loader's ``batch_size``; None: a batch sampler of its own): with a
     #: trial's rate and batch bytes, the bytes its workers hand over per second.
     batch_size: int | None = None
+    #: Why the loader keeps its own worker count (an IterableDataset that may not split its
+    #: stream by worker: each worker added could yield all of it again), or None.
+    kept_workers: str | None = None
 
 
 def noise(a: Trial, b: Trial) -> float:

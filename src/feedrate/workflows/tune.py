@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.autotuning.start import unsplit_stream
 from feedrate.checks import transfer as checks_transfer
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
@@ -107,19 +108,22 @@ def tune(
     if channel is not None:
         facts = share(node_facts, channel.ranks.local_world, channel.ranks.node_cpus)
         node_facts = of_node(node_facts, channel.ranks.node_cpus)
+    unsplit = _unsplit(loader, channel)
+    own = config_of(loader)
     space = space_for(
         facts,
-        config_of(loader),
+        own,
         consumer=consumer is not None,
         max_workers=max_workers,
         memory_limit=memory_limit,
         allow_reorder=allow_reorder and not is_iterable_style(loader) and supports("in_order"),
         epoch_batches=epoch_length(loader),
-        parts=libraries.worker_limit(loader.dataset),
+        parts=own.num_workers if unsplit else libraries.worker_limit(loader.dataset),
     )
     space = replace(
         space,
         max_threads=thread_cap(loader),
+        kept_workers=unsplit,
         allow_threads=allow_threads or space.baseline.threads > 1,
     )
     options = cache.tune_options(
@@ -174,6 +178,16 @@ def tune(
     )
     result._source = source
     return result
+
+
+def _unsplit(loader: DataLoader[Any], channel: Any) -> str | None:
+    """Why an IterableDataset's loader keeps its worker count (``unsplit_stream``: each added
+    worker may yield the whole stream once more, so its samples/s would count copies), or None;
+    in a job, every rank's probe is gathered and the first reason holds for all."""
+    mine = unsplit_stream(loader, "tune")[0] if is_iterable_style(loader) else None
+    if channel is None:
+        return mine
+    return next((why for why in channel.all_gather(mine) if why), None)
 
 
 def _check_budget(
