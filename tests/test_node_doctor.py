@@ -327,6 +327,41 @@ def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
     ]  # rank 0 spoke; nothing else in either rank printed
 
 
+BROKEN = """
+import os, sys
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+import feedrate
+from pipelines import FailingDataset, SleepDataset
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+data = FailingDataset(64, bad_index=3) if rank == 1 else SleepDataset(64, 0.001)
+loader = DataLoader(data, batch_size=8)
+report = feedrate.doctor(loader, trial_seconds=0.3)
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w", encoding="utf-8") as f:
+    f.write(report.to_json())
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_whose_pipeline_raises_is_named_in_every_rank_s_report(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN, encoding="utf-8")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": pythonpath(tests)}
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    done = run_job([*run, "2", "broken.py", str(tmp_path)], timeout_s=240, env=env, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    first, second = (
+        Report.from_json((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)
+    )
+    assert second.pipeline_error is not None and "corrupt record 3" in second.pipeline_error
+    assert first.pipeline_error == f"rank 1: {second.pipeline_error}"
+    failed = [f.message for f in first.findings if f.id == "check-failed"]
+    assert any(m.startswith("the examination on rank 1 failed: ") for m in failed), failed
+    assert not any("examination on rank" in f.message for f in second.findings)
+
+
 LOST = """
 import os, sys, time
 import torch.distributed as dist

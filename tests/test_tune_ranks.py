@@ -432,3 +432,17 @@ def _started_job(tmp_path: Path, short_tmp: str, name: str = "loader") -> subpro
         start_new_session=True,  # its own group, as a terminal's foreground job is
         preexec_fn=default_signals,  # and Ctrl-C not ignored, even in a run started with `&`
     )
+
+
+def test_a_rank_gone_before_the_timeout_is_not_called_a_timeout() -> None:
+    from feedrate.distributed.channel import Channel
+    from feedrate.distributed.group import Ranks
+
+    closed = RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:52380")
+    pair = Channel(Ranks(0, 2, 0, 2, 0, 1, (0, 0)), None, 340.0, "feedrate.tune")
+    said = str(pair._lost("hear from every rank", closed, time.monotonic() - 4))
+    assert said.startswith("rank 0 could not hear from every rank during feedrate.tune: rank 1 ")
+    assert "closed its connection after 4 s" in said and "within" not in said
+    four = Channel(Ranks(2, 4, 2, 4, 0, 1, (0,) * 4), None, 5.0, "feedrate.tune")
+    late = str(four._lost("hear from every rank", closed, time.monotonic() - 5))
+    assert "within 5 s: another rank failed" in late

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from feedrate.autotuning.lanes import Lane, Stream
 from feedrate.distributed import group
-from feedrate.distributed.channel import Channel, RankError, failed, failure
+from feedrate.distributed.channel import Channel, RankError, described, failed, failure
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
 from feedrate.search.actions import Action
@@ -223,7 +223,8 @@ class Job:
         self._heard()
         if self.broken is not None or not (dist.is_available() and dist.is_initialized()):
             return
-        how = "a break or an error in the loop" if isinstance(exc, GeneratorExit) else exc
+        loop = isinstance(exc, GeneratorExit)
+        how = "a break or an error in the loop" if loop else described(exc)
         doc = failure(self.rank, RuntimeError(f"stopped iterating {where} ({how})"))
         doc["stopped"] = where
         got: list[list[Any]] = []

@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # every rank of one node: rank 0 says it (a rank's own trouble, such as joining the
         # job, and another node's files, are said by the rank).
         if not (isinstance(exc, TargetError) and ranks.other_rank() and ranks.one_node()):
-            click.secho(f"feedrate: error: {in_options(exc)}", fg="red", err=True)
+            who = f"rank {os.environ.get('RANK')}: " if ranks.other_rank() else ""
+            click.secho(f"feedrate: error: {who}{in_options(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

@@ -11,6 +11,7 @@ awaited. No call waits forever.
 from __future__ import annotations
 
 import contextlib
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -34,7 +35,13 @@ class RankError(FeedrateError):
 
 def failure(rank: int, exc: BaseException) -> dict[str, Any]:
     """The document a rank sends when its part failed: who, and the error in one line."""
-    return {FAILED: f"{type(exc).__name__}: {exc}", "rank": rank}
+    return {FAILED: described(exc), "rank": rank}
+
+
+def described(exc: BaseException) -> str:
+    """``Type: message``, or the type alone where the message is empty (Ctrl-C's)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def failed(document: Any) -> str | None:
@@ -89,19 +96,21 @@ class Channel:
     def broadcast(self, obj: Any = None) -> Any:
         """Rank 0's ``obj`` on every rank (the others' ``obj`` is ignored)."""
         box = [obj if self.ranks.main else None]
+        began = time.monotonic()
         try:
             dist.broadcast_object_list(box, src=0, group=self.group)
         except RuntimeError as exc:
-            raise self._lost("hear from rank 0", exc) from exc
+            raise self._lost("hear from rank 0", exc, began) from exc
         return box[0]
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
         out: list[Any] = [None] * self.ranks.world
+        began = time.monotonic()
         try:
             dist.all_gather_object(out, obj, group=self.group)
         except RuntimeError as exc:
-            raise self._lost("hear from every rank", exc) from exc
+            raise self._lost("hear from every rank", exc, began) from exc
         return out
 
     def gate(self) -> Gate:
@@ -117,8 +126,16 @@ class Channel:
         with contextlib.suppress(RuntimeError, ValueError, AssertionError):
             dist.destroy_process_group(group)
 
-    def _lost(self, doing: str, exc: BaseException) -> RankError:
+    def _lost(self, doing: str, exc: BaseException, began: float | None = None) -> RankError:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        took = None if began is None else time.monotonic() - began
+        if took is not None and took < 0.9 * self.timeout_s:  # not a timeout: a peer went
+            other = f"rank {1 - self.ranks.rank}" if self.ranks.world == 2 else "another rank"
+            return RankError(
+                f"rank {self.ranks.rank} could not {doing} during {self.what}: {other} closed "
+                f"its connection after {took:.0f} s (it failed, was killed or was interrupted; "
+                f"the launcher's log says how) ({first[:300]})"
+            )
         return RankError(
             f"rank {self.ranks.rank} could not {doing} during {self.what} within "
             f"{self.timeout_s:g} s: another rank failed, was interrupted, or does not call "

@@ -182,8 +182,8 @@ class FeedrateCallback(_Callback):  # type: ignore[misc]
             raise UserError(
                 "FeedrateCallback(online=True) under a distributed strategy needs the "
                 "DataLoader to have its own DistributedSampler (and "
-                "Trainer(use_distributed_sampler=False)); or use online=False, where rank 0 "
-                "tunes and every rank trains on the answer"
+                "Trainer(use_distributed_sampler=False)); or use online=False, where the ranks "
+                "tune together and every rank trains on the answer"
             )
         for old in self.autoloaders:
             old.close()  # a reloaded loader replaces the one before

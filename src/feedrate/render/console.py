@@ -342,9 +342,10 @@ def doctor_summary(report: Report) -> Table:
         rows.append(("consumer", f"{report.consumer.get('kind')}{pace}"))
     if report.bottleneck:
         rows.append(("bottleneck", BOTTLENECK_LABELS.get(report.bottleneck, report.bottleneck)))
+    # "ran", not "ok": a step that ran may have found what it looks for (duplicates).
+    said = {"ok": "ran", "skipped": "skipped ({})"}
     steps = " · ".join(
-        f"{c.name} {c.status} ({c.detail})" if c.status == "skipped" else f"{c.name} {c.status}"
-        for c in report.checks
+        f"{c.name} {said.get(c.status, c.status)}".format(c.detail) for c in report.checks
     )
     rows.append(("checks", f"{steps}; {report.seconds:.0f} s in all"))
     return _kv_table(rows, title=f"feedrate doctor {report.target or ''}".rstrip())

@@ -87,16 +87,23 @@ def on_the_node(
         return _failed(report, str(met), began)
     channel = met
     try:
-        docs = channel.all_gather(_mine(report, loader, channel))
+        pairs = channel.all_gather((_mine(report, loader, channel), report.pipeline_error))
     except RankError as exc:
         return _failed(report, str(exc), began)
     finally:
         channel.close()
+    docs = [doc for doc, _ in pairs]
     lost = [why for why in map(failed, docs) if why is not None]
     facts = [RankFacts.from_dict(d) for d in docs if failed(d) is None]
     found = [f for f in node_findings(facts, report.machine) if f.id in wanted]
     if lost:
         found.append(check_failed_finding(NODE_STEP, "; ".join(lost)))
+    # Another rank's pipeline raised: every rank's report says which, and fails as that rank's.
+    raised = [(r, e) for r, (_, e) in enumerate(pairs) if e and r != channel.ranks.rank]
+    for r, error in raised:
+        found.append(check_failed_finding(f"examination on rank {r}", error))
+    if raised and report.pipeline_error is None:
+        report.pipeline_error = f"rank {raised[0][0]}: {raised[0][1]}"
     report.findings = by_severity([*_among_ranks(report.findings, channel.ranks), *found])
     status: CheckStatus = "failed" if lost else "ok"
     report.checks.append(CheckRun("node", status, time.monotonic() - began, "; ".join(lost)))

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from feedrate.checks.ranks import node_findings
 from feedrate.checks.tune import check_failed_finding
 from feedrate.distributed import group
-from feedrate.distributed.channel import Channel, RankError, failed, failure
+from feedrate.distributed.channel import FAILED, Channel, RankError, failed, failure
 from feedrate.distributed.facts import rank_facts
 from feedrate.distributed.group import Ranks
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
@@ -159,7 +159,8 @@ def follow(channel: Channel, search: TuneSearch, checks: Checks) -> TuneResult:
         elif message.get("do") == "done":
             return TuneResult.from_dict(message["result"])
         else:
-            raise RankError(failed(message) or "rank 0 stopped the tune")
+            why = message.get(FAILED)  # rank 0's error: may be about this rank itself
+            raise RankError("rank 0 stopped the tune" + (f": {why}" if why else ""))
 
 
 #: The dataset checks of one rank's loader for a searched result (``workflows.tune``'s).
