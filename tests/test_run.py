@@ -342,6 +342,24 @@ def test_sigterm_is_passed_on_and_the_report_still_comes(tmp_path: Path) -> None
     assert loader["batches"] == 1  # written by the script's process as SIGTERM ended it
 
 
+def test_a_script_that_catches_ctrl_c_and_ends_as_usual_was_not_interrupted(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run.json"
+    proc = start_cli("run", "--json", str(out), str(SCRIPTS / "handles_sigint.py"))
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while "ready" not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "caught" in rest
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is False and doc["exit_code"] == 0
+    assert "SIGINT" not in err, err
+
+
 def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text("print('the user sitecustomize', flush=True)\n")
     env = {**os.environ, "PYTHONPATH": pythonpath(tmp_path)}

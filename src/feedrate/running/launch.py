@@ -170,10 +170,11 @@ def run(argv: list[str], env: dict[str, str]) -> Outcome:
         finally:
             if tty is not None:
                 _take_terminal(tty)
-    interrupted = bool(taken) or -code in FORWARDED
-    if interrupted or code < 0:  # a crash (SIGSEGV, SIGKILL) too leaves its workers behind
+    handled = bool(taken) and code == 0  # the script caught the signal and ended as usual
+    interrupted = (bool(taken) and not handled) or -code in FORWARDED
+    if taken or code < 0:  # a crash (SIGSEGV, SIGKILL) too leaves its workers behind
         _stop_group(proc.pid)
-    ended_by = taken[0] if taken else (-code if code < 0 else None)
+    ended_by = taken[0] if taken and not handled else (-code if code < 0 else None)
     exit_code = 128 - code if code < 0 else code
     if taken and exit_code != 0:
         exit_code = 128 + taken[0]  # stopped by the signal passed on: say so, as a shell would

@@ -1,0 +1,14 @@
+"""Catches Ctrl-C itself and ends as usual (exit 0): a script that saves and stops."""
+
+import signal
+import sys
+import time
+
+caught: list[int] = []
+signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+print("ready", flush=True)
+deadline = time.monotonic() + 60
+while not caught and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("caught" if caught else "never caught", flush=True)
+sys.exit(0 if caught else 1)
