@@ -189,10 +189,13 @@ class FeedrateCallback(_Callback):  # type: ignore[misc]
             old.close()  # a reloaded loader replaces the one before
         auto = autotune(loader, budget_s=self.budget_s, **self.tune_kwargs)
         if not self.autoloaders:
-            self._say(
-                trainer,
-                f"feedrate: {HOOK} autotunes while training, from {in_words(auto.config)}",
+            # Under DDP the ranks agree on the start when they first meet, in the first epoch.
+            start = (
+                "from where the ranks agree to start in the first epoch"
+                if trainer.world_size > 1
+                else f"from {in_words(auto.config)}"
             )
+            self._say(trainer, f"feedrate: {HOOK} autotunes while training, {start}")
         self.autoloaders.append(auto)
         return auto
 

@@ -35,6 +35,8 @@ from feedrate.workflows.doctor_steps import CHECKS
 
 #: The finding ids judged from every rank's facts together.
 NODE_CHECKS = frozenset(i for i, steps in CHECKS.items() if "node" in steps)
+#: The key of a rank's document that carries its pipeline's error (the doctor's own, if any).
+RAISED = "pipeline_error"
 #: What the node step does, as findings name it.
 NODE_STEP = "node's checks (every rank's facts, gathered)"
 #: Seconds the gathering waits once every rank has come (the facts are read, not measured).
@@ -86,20 +88,21 @@ def on_the_node(
     if isinstance(met, RankError):
         return _failed(report, str(met), began)
     channel = met
+    mine = {**_mine(report, loader, channel), RAISED: report.pipeline_error}
     try:
-        pairs = channel.all_gather((_mine(report, loader, channel), report.pipeline_error))
+        docs = channel.all_gather(mine)
     except RankError as exc:
         return _failed(report, str(exc), began)
     finally:
         channel.close()
-    docs = [doc for doc, _ in pairs]
+    errors = [d.pop(RAISED, None) if isinstance(d, dict) else None for d in docs]
     lost = [why for why in map(failed, docs) if why is not None]
     facts = [RankFacts.from_dict(d) for d in docs if failed(d) is None]
     found = [f for f in node_findings(facts, report.machine) if f.id in wanted]
     if lost:
         found.append(check_failed_finding(NODE_STEP, "; ".join(lost)))
     # Another rank's pipeline raised: every rank's report says which, and fails as that rank's.
-    raised = [(r, e) for r, (_, e) in enumerate(pairs) if e and r != channel.ranks.rank]
+    raised = [(r, e) for r, e in enumerate(errors) if e and r != channel.ranks.rank]
     for r, error in raised:
         found.append(check_failed_finding(f"examination on rank {r}", error))
     if raised and report.pipeline_error is None:
