@@ -212,6 +212,19 @@ def test_workers_of_a_loader_the_script_let_go_end_as_without_feedrate() -> None
     assert "Exception ignored" not in done.stderr, done.stderr
 
 
+def test_workers_that_end_with_a_short_epoch_are_read_before_they_go(tmp_path: Path) -> None:
+    # Each epoch's two workers compute 0.4 s of CPU each and exit with the epoch, before the
+    # next reading a second later: read only then, their CPU was a fraction of it (21% of a
+    # core where they used 55%, and a CPU-bound loader was called latency-bound).
+    out = tmp_path / "run.json"
+    done = feedrate_run("--json", str(out), "short_epochs.py", "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    loader = json.loads(out.read_text())["loaders"][0]
+    cpu_s = loader["workers"]["cpu_util"] * (loader["wait_s"] + loader["step_s"])
+    assert cpu_s >= 0.9 * 2 * 2 * 0.4, loader  # 2 epochs × 2 workers × 0.4 s
+    assert loader["workers"]["processes"] == 4
+
+
 def test_a_report_written_while_workers_die_is_not_lost(tmp_path: Path) -> None:
     # SIGTERM to the whole group: workers die while the script's report is written, and
     # torch's SIGCHLD handler raised inside it ("report was lost", in half of the runs).
@@ -358,6 +371,30 @@ def test_a_script_that_catches_ctrl_c_and_ends_as_usual_was_not_interrupted(
     doc = json.loads(out.read_text())
     assert doc["interrupted"] is False and doc["exit_code"] == 0
     assert "SIGINT" not in err, err
+
+
+def test_a_signal_delivered_twice_at_once_reaches_the_script_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `timeout -s INT` signals feedrate and then its own process group, feedrate among it: the
+    # second copy, passed on too, hit DataLoader workers already exiting on the first
+    # (tracebacks from their queues' feeder threads). A later signal is the user's again.
+    monkeypatch.setenv("FEEDRATE_TEST_LISTEN_S", "5")
+    proc = start_cli(
+        "run", "--json", str(tmp_path / "run.json"), str(SCRIPTS / "handles_sigint.py")
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 90
+    while "ready" not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(2.5)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "caught 2" in rest, (rest, err)
 
 
 def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:

@@ -193,6 +193,25 @@ def test_the_bottleneck_of_an_observed_loader() -> None:
     assert rules.bottleneck_of(idle, cpus=2) == "latency"
 
 
+def test_workers_queued_for_a_cpu_on_a_busy_machine_are_not_called_latency_bound() -> None:
+    # Two CPU-bound workers on a machine that others keep busy: each ran 30% of the time and sat
+    # in the run queue 60% of it. Their CPU alone reads as mostly asleep; they were not.
+    workers = LoaderConfig(num_workers=2)
+    queued = run_of(config=workers, main_cpu_in_next=0.1, system_busy_cpus=2.0)
+    queued.workers.cpu_util, queued.workers.runq_util = 0.6, 1.2
+    assert rules.bottleneck_of(queued, cpus=2) == "cpu"
+    queued.bottleneck = "cpu"
+    found = next(f for f in rules.findings(queued, {}, 2) if f.id == "bottleneck")
+    assert "queued for a CPU 60% of the time each" in found.message, found.message
+    assert "2.0 of 2 CPUs busy" in found.message, found.message
+    assert "remote" not in found.fix
+    assert rules.workers_needed(queued, cpus=2) == 2  # more would only queue longer
+    # The same CPU, asleep rather than queued: workers waiting on I/O.
+    asleep = run_of(config=workers, main_cpu_in_next=0.1, system_busy_cpus=0.8)
+    asleep.workers.cpu_util, asleep.workers.runq_util = 0.6, 0.02
+    assert rules.bottleneck_of(asleep, cpus=2) == "latency"
+
+
 def test_workers_needed_follows_the_data_time_against_the_step() -> None:
     # 6 s of waiting (0.1 s start-up) over 99 steady batches: ~60 ms a batch for a 20 ms step.
     latency = run_of(main_cpu_in_next=0.0)
@@ -208,7 +227,7 @@ def test_workers_needed_follows_the_data_time_against_the_step() -> None:
 
 def test_a_bottleneck_that_stood_out_nowhere_sends_to_the_doctor_by_name() -> None:
     def fix_of(ld: LoaderRun) -> str:
-        found = rules.findings(ld, {"accelerator": "none"})
+        found = rules.findings(ld, {"accelerator": "none"}, 2)
         (fix,) = {f.fix for f in found if f.id == "bottleneck"}
         return fix
 
@@ -231,7 +250,7 @@ def test_the_next_step_and_the_verdict() -> None:
     assert "feedrate run --autotune train.py --lr 3" in steps
     assert steps[-1] == "feedrate tune train.py:loader --step-time 0.02"
     assert "waits on data 75%" in rules.verdict([starved, fed], [])
-    found = {f.id for f in rules.findings(starved, {"accelerator": "none"})}
+    found = {f.id for f in rules.findings(starved, {"accelerator": "none"}, 2)}
     assert {"data-stall", "bottleneck"} <= found
     assert rules.verdict([], []).startswith("no DataLoader was iterated")
 
@@ -265,10 +284,10 @@ def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     starved.autotune = AutotuneChange(
         before=LoaderConfig(), after=LoaderConfig(num_workers=2), settled=True, stall_after=0.6
     )
-    stall = next(f for f in rules.findings(starved, {}) if f.id == "data-stall")
+    stall = next(f for f in rules.findings(starved, {}, 2) if f.id == "data-stall")
     assert "with autotune's settings (w=2" in stall.message  # not "your settings": yours were w=0
     starved.bottleneck = rules.bottleneck_of(starved, 2)
-    found = next(f for f in rules.findings(starved, {}) if f.id == "bottleneck")
+    found = next(f for f in rules.findings(starved, {}, 2) if f.id == "bottleneck")
     # Not what w=0 would show (the user's settings, which autotune left): autotune's answer.
     assert "w=2 pf=2, autotune's (settled): the run does not tell" in found.message, found.message
     assert "w=0" not in found.message

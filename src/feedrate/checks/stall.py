@@ -18,7 +18,7 @@ from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.run import LoaderRun, Role
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
-from feedrate.search.bottleneck import LABELS, MAIN_BUSY, Bottleneck
+from feedrate.search.bottleneck import LABELS, MAIN_BUSY, Bottleneck, bottleneck
 from feedrate.search.space import STALL_MARGIN
 
 #: A loader taking fewer batches than this share of the busiest one's (in the same process),
@@ -80,6 +80,8 @@ def observed_trial(ld: LoaderRun) -> Trial:
         epoch_restart_s=list(ld.epoch_restart_s),
         main_cpu=ld.main_cpu_in_next or 0.0,
         workers_cpu=ld.workers.cpu_util or 0.0,
+        workers_runq=ld.workers.runq_util,
+        system_busy_cpus=ld.system_busy_cpus,
         batch_bytes=ld.batch_bytes,
         stall_fraction=ld.settled_stall,
     )
@@ -88,29 +90,25 @@ def observed_trial(ld: LoaderRun) -> Trial:
 def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck:
     """What limits the loop: "consumer" when it waits for data at most ``STALL_MARGIN`` of its
     time; without workers, "main-process" when the main thread computed while it waited,
-    else "latency"; with workers, "main-process" (the main thread busy receiving), "cpu"
-    (workers busy, or the CPUs full) or "latency" (workers mostly idle). Once ``--autotune``
-    tuned it, its settled stall decides whether it still waits."""
+    else "latency"; with workers, what ``search.bottleneck`` reads from where their CPU time
+    went, as for a trial of ``tune``: the main thread busy receiving, workers that use or queue
+    for a CPU (a busy machine's workers wait in the run queue, not on I/O: "cpu"), or workers
+    mostly asleep ("latency"). Once ``--autotune`` tuned it, its settled stall decides whether
+    it still waits."""
     stall = ld.settled_stall or 0.0
     if ld.tuned:
         return "consumer" if stall <= STALL_MARGIN else "unknown"
     if stall <= STALL_MARGIN:
         return "consumer"
     main = ld.main_cpu_in_next or 0.0
-    workers = ld.config.num_workers
-    if workers == 0:
+    if ld.config.num_workers == 0:
         return "main-process" if main >= MAIN_BUSY else "latency"
-    if main >= 0.85:
-        return "main-process"
-    used = ld.workers.cpu_util
-    if used is None:
+    if ld.workers.cpu_util is None:
         return "unknown"
-    if used / workers >= 0.8 or used >= 0.85 * cpus:
-        return "cpu"
-    return "latency" if used / workers < 0.5 else "unknown"
+    return bottleneck(observed_trial(ld), cpus)
 
 
-def _evidence(ld: LoaderRun, kind: str) -> str:
+def _evidence(ld: LoaderRun, kind: str, cpus: int) -> str:
     if ld.tuned:
         # The figures of the run mix autotune's trials; they do not tell what limits its
         # answer (the user's settings, in ``ld.config``, ran only in its first trial if at all).
@@ -124,6 +122,11 @@ def _evidence(ld: LoaderRun, kind: str) -> str:
     if ld.config.num_workers and ld.workers.cpu_util is not None:
         each = ld.workers.cpu_util / ld.config.num_workers
         parts.append(f"workers {ld.workers.cpu_util:.0%} of a core in total ({each:.0%} each)")
+        queued = ld.workers.runq_util or 0.0
+        if queued >= 0.05 * ld.config.num_workers:
+            parts.append(f"queued for a CPU {queued / ld.config.num_workers:.0%} of the time each")
+        if ld.system_busy_cpus is not None and ld.system_busy_cpus >= 0.85 * cpus:
+            parts.append(f"the machine {ld.system_busy_cpus:.1f} of {cpus} CPUs busy")
     if ld.config.num_workers == 0:
         parts.append(
             "so the dataset's work runs in the training process itself"
@@ -133,7 +136,7 @@ def _evidence(ld: LoaderRun, kind: str) -> str:
     return ", ".join(parts)
 
 
-def bottleneck_finding(ld: LoaderRun, kind: Bottleneck) -> Finding:
+def bottleneck_finding(ld: LoaderRun, kind: Bottleneck, cpus: int) -> Finding:
     """The ``bottleneck`` finding of an observed loader."""
     stall = ld.settled_stall or 0.0
     if kind == "consumer":
@@ -148,7 +151,7 @@ def bottleneck_finding(ld: LoaderRun, kind: Bottleneck) -> Finding:
         "bottleneck",
         "info",
         f"data-bound: the loop waits for data {stall:.0%} of its time; {LABELS[kind]}: "
-        f"{_evidence(ld, kind)}",
+        f"{_evidence(ld, kind, cpus)}",
         _fix(ld, kind),
     )
 
@@ -171,7 +174,8 @@ def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
     # Workers computing half the time or more (spawned ones importing torch, too): more of
     # them than CPUs only compete.
     w = ld.config.num_workers
-    computing = w > 0 and (ld.workers.cpu_util or 0.0) / w >= 0.5
+    demand = (ld.workers.cpu_util or 0.0) + (ld.workers.runq_util or 0.0)  # queued: computing
+    computing = w > 0 and demand / w >= 0.5
     cpu_bound = (ld.main_cpu_in_next or 0.0) >= MAIN_BUSY or ld.bottleneck == "cpu" or computing
     return max(1, min(needed, cpus) if cpu_bound else needed)
 
@@ -222,8 +226,9 @@ def _pct(value: float | None) -> str:
     return "not measured" if value is None else f"{value:.0%}"
 
 
-def findings(ld: LoaderRun, machine: dict[str, Any]) -> list[Finding]:
-    """The doctor's findings that the observation supports, most important first."""
+def findings(ld: LoaderRun, machine: dict[str, Any], cpus: int) -> list[Finding]:
+    """The doctor's findings that the observation supports, most important first (``cpus``:
+    the usable CPUs)."""
     trial = observed_trial(ld)
     found: list[Finding] = []
     kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
@@ -235,7 +240,7 @@ def findings(ld: LoaderRun, machine: dict[str, Any]) -> list[Finding]:
     for extra in (startup_finding(trial, epoch_samples), pin_memory_finding(trial, machine)):
         if extra is not None:
             found.append(extra)
-    found.append(bottleneck_finding(ld, kind))
+    found.append(bottleneck_finding(ld, kind, cpus))
     return found
 
 

@@ -50,7 +50,7 @@ def _cpu(proc: psutil.Process) -> float | None:
     return float(t.user + t.system)
 
 
-def _runq_wait(pid: int) -> float | None:
+def runq_wait(pid: int) -> float | None:
     """Seconds ``pid`` has spent runnable but waiting for a CPU (Linux schedstat), or None.
     Tells a worker starved of CPU (runnable, waiting) from one waiting on I/O (sleeping)."""
     try:
@@ -60,7 +60,7 @@ def _runq_wait(pid: int) -> float | None:
         return None
 
 
-def _system_busy() -> float:
+def system_busy() -> float:
     """CPU seconds all processes on the machine spent busy so far (summed over CPUs)."""
     t = psutil.cpu_times()
     return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
@@ -210,14 +210,14 @@ class ProcessProbe:
                 self._report.pin_memory_thread = ProcessFigures("pin_memory_thread")
 
     def _counters(self, wall: float) -> dict[str, float]:
-        out = {"wall": wall, "main": _cpu(self._me) or 0.0, "system": _system_busy()}
+        out = {"wall": wall, "main": _cpu(self._me) or 0.0, "system": system_busy()}
         out["probe"] = _thread_cpu(self._me, self._probe_tid)
         out["pin"] = _thread_cpu(self._me, self._pin_tid)
         for worker_id, (proc, _fig) in self._workers.items():
             cpu = _cpu(proc)
             if cpu is not None:
                 out[f"w{worker_id}:{proc.pid}"] = cpu
-            wait = _runq_wait(proc.pid)
+            wait = runq_wait(proc.pid)
             if wait is not None:
                 out[f"q{worker_id}:{proc.pid}"] = wait
         return out

@@ -51,11 +51,13 @@ class Window:
 @dataclass
 class WorkerUse:
     """The loader's worker processes, read every few seconds while it was iterated: CPU per
-    wall second of iteration, summed over workers (1.0 = one core busy), the largest USS and
+    wall second of iteration, summed over workers (1.0 = one core busy), and likewise the seconds
+    they spent runnable but queued for a CPU (Linux schedstat; None elsewhere), the largest USS and
     PSS summed over the workers of one reading, and how many distinct worker processes ran
     (non-persistent workers are new processes each epoch)."""
 
     cpu_util: float | None = None
+    runq_util: float | None = None
     uss_bytes: int | None = None
     pss_bytes: int | None = None
     processes: int = 0
@@ -119,6 +121,8 @@ class LoaderRun:
     for ``feedrate tune``), if any. ``main_cpu_in_next`` is the main thread's CPU per second
     of waiting in ``next()`` (1.0: the wait was all computing, in this process).
     ``grad_off_batches`` were taken with autograd off (``torch.no_grad``, inference mode).
+    ``system_busy_cpus``: the whole machine's busy CPUs while its workers were read (others'
+    processes too).
     ``role``, ``bottleneck``, ``findings`` and ``next_step`` are decided from the rest."""
 
     created_at: str
@@ -142,6 +146,7 @@ class LoaderRun:
     batch_bytes: int | None = None
     workers: WorkerUse = field(default_factory=WorkerUse)
     shm_peak_bytes: int | None = None
+    system_busy_cpus: float | None = None
     timeline: list[Window] = field(default_factory=list)
     autotune: AutotuneChange | None = None
     role: Role = "train"

@@ -114,13 +114,14 @@ def _on_import(torch: ModuleType) -> None:
         from feedrate.results import run  # noqa: F401
         from feedrate.running import tuning  # noqa: F401
         from feedrate.running.observer import Registry, install
-        from feedrate.running.sampler import Sampler
+        from feedrate.running.sampler import Sampler, read_at_shutdown
         from feedrate.running.tuning import replacer
 
         registry = Registry(_origin(), replacer() if os.environ.get(ENV_AUTOTUNE) else None)
         sampler = Sampler(lambda: list(registry.watches))
         _state["registry"], _state["sampler"] = registry, sampler
         install(registry, dataloader.DataLoader)
+        read_at_shutdown(lambda: _state.get("sampler"))
         registry.on_first_iter = lambda: _first_iter(sampler)
         from multiprocessing import util
 

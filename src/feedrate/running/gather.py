@@ -46,7 +46,7 @@ def decide(report: RunReport, command: list[str]) -> RunReport:
         for ld, role in zip(proc.loaders, rules.roles(proc.loaders), strict=True):
             ld.role = role
             ld.bottleneck = rules.bottleneck_of(ld, cpus)
-            ld.findings = by_severity(rules.findings(ld, machine))
+            ld.findings = by_severity(rules.findings(ld, machine, cpus))
             ld.next_step = rules.next_step(ld, command, cpus) if role == "train" else []
     loaders = report.loaders
     report.verdict = rules.verdict(

@@ -6,13 +6,15 @@ leading to a folder whose ``sitecustomize.py`` starts ``agent`` and then chains 
 ``sitecustomize`` the interpreter had (the folder leaves ``sys.path`` again at once). Its
 stdin, stdout and stderr are feedrate's own. On a terminal its group becomes the foreground
 one, so Ctrl-C, Ctrl-Z and terminal reads reach it as they would without feedrate; SIGINT,
-SIGTERM and SIGHUP sent to feedrate are passed on to its group. After an interrupt, what is left of
-the group is stopped (SIGTERM, then SIGKILL), so no process outlives the run.
+SIGTERM and SIGHUP sent to feedrate are passed on to its group (once: the same signal again
+within ``REPEAT_S`` is one delivery made twice). After an interrupt, what is left of the group is
+stopped (SIGTERM, then SIGKILL), so no process outlives the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -67,6 +69,10 @@ finally:
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: After an interrupt, the command's remaining processes get this long to exit on SIGTERM.
 GRACE_S = 5.0
+#: The same signal again within this many seconds is one delivery made twice, not passed on
+#: again: ``timeout`` signals its child and then its own process group (feedrate in it), and
+#: the second copy reached DataLoader workers already exiting on the first (a traceback each).
+REPEAT_S = 0.5
 
 
 def command_of(args: Sequence[str], module: bool = False) -> list[str]:
@@ -149,8 +155,13 @@ def run(argv: list[str], env: dict[str, str]) -> Outcome:
     began = time.perf_counter()
     taken: list[int] = []
     started: list[int] = []  # the command's pid (and process group), once it exists
+    passed: dict[int, float] = {}  # signal → when it was last passed on (or taken, before)
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if now - passed.get(signum, -math.inf) < REPEAT_S:
+            return  # the same delivery, made twice
+        passed[signum] = now
         taken.append(signum)
         if started:
             _signal_group(started[0], signum)

@@ -72,6 +72,10 @@ class Watch:
         self.timeline = Timeline(origin)
         self._iterator: Callable[[], Any] = _none  # the epoch's iterator, weakly (its workers)
         self.worker_cpu: dict[int, float] = {}  # pid → CPU seconds read last
+        self.worker_runq: dict[int, float] = {}  # pid → seconds queued for a CPU, read last
+        # (time.perf_counter, the machine's busy CPU seconds) at the first and last readings
+        self.busy_first: tuple[float, float] | None = None
+        self.busy_last: tuple[float, float] | None = None
         self.worker_uss: int | None = None
         self.worker_pss: int | None = None
         self.shm_peak: int | None = None
@@ -129,7 +133,12 @@ class Watch:
 
     def result(self, pid: int, rank: int | None) -> LoaderRun:
         cpu = sum(self.worker_cpu.values())
+        runq = sum(self.worker_runq.values())
         loop = self.wait + self.step
+        busy = None
+        if self.busy_first is not None and self.busy_last is not None:
+            (t0, b0), (t1, b1) = self.busy_first, self.busy_last
+            busy = (b1 - b0) / (t1 - t0) if t1 > t0 else None
         return LoaderRun(
             created_at=self.site,
             config=self.config,
@@ -152,11 +161,13 @@ class Watch:
             batch_bytes=self.batch_bytes,
             workers=WorkerUse(
                 cpu_util=cpu / loop if self.worker_cpu and loop > 0 else None,
+                runq_util=runq / loop if self.worker_runq and loop > 0 else None,
                 uss_bytes=self.worker_uss,
                 pss_bytes=self.worker_pss,
                 processes=len(self.worker_cpu),
             ),
             shm_peak_bytes=self.shm_peak,
+            system_busy_cpus=busy,
             timeline=self.timeline.windows(),
             autotune=self.autotune,
         )
