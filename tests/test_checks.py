@@ -157,6 +157,11 @@ def test_worker_count_only_beyond_the_noise() -> None:
     noisy = trial(2, rate=800, noise=1.1)  # 800 ± 110%: not beyond 400
     assert worker_count_finding(mine, noisy) is None
     assert worker_count_finding(trial(2, rate=400), trial(2, rate=800)) is None
+    assert "most measured" not in few.message
+    # The most workers the doctor measured, mostly waiting: more may give more still.
+    growing = worker_count_finding(trial(4, rate=195), trial(8, rate=393, each=0.01), True)
+    assert growing is not None and "8 is the most measured here" in growing.message
+    assert "feedrate tune" in growing.message
 
 
 def test_workers_past_the_cpus_are_explained_with_the_warning_they_raise() -> None:

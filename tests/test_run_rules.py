@@ -56,7 +56,8 @@ def test_a_watch_splits_wait_from_step_and_counts_start_up_and_restarts() -> Non
 
 
 def test_a_watch_counts_the_wait_queued_for_a_cpu_as_the_loops_step() -> None:
-    watch = Watch(_loader(), "train.py:3", "__main__", origin=0.0)
+    loader = DataLoader(TensorDataset(torch.arange(12.0)), batch_size=4, num_workers=2)
+    watch = Watch(loader, "train.py:3", "__main__", origin=0.0)
     batch = [torch.zeros(4)]
     watch.new_epoch(10.0)
     watch.took(batch, 10.0, 10.5, cpu=0.1)  # start-up: all of it counted as such
@@ -66,6 +67,17 @@ def test_a_watch_counts_the_wait_queued_for_a_cpu_as_the_loops_step() -> None:
     assert run.startup_s == 0.5
     assert abs(run.wait_s - (0.5 + 0.04 + 0.0)) < 1e-9
     assert abs(run.step_s - (0.2 + 0.06 + 0.2 + 0.1)) < 1e-9
+
+
+def test_without_workers_a_wait_queued_for_a_cpu_is_the_data_s() -> None:
+    # The loop's thread makes the batch in next(): queued there, it still waited on its data.
+    watch = Watch(_loader(), "train.py:3", "__main__", origin=0.0)
+    batch = [torch.zeros(4)]
+    watch.new_epoch(10.0)
+    watch.took(batch, 10.0, 10.5, cpu=0.1)
+    watch.took(batch, 10.7, 10.8, cpu=0.0, queued=0.06)
+    run = watch.result(pid=1, rank=None)
+    assert abs(run.wait_s - (0.5 + 0.1)) < 1e-9 and abs(run.step_s - 0.2) < 1e-9
 
 
 def test_the_observer_finds_the_users_line_and_skips_feedrates_own_loaders() -> None:

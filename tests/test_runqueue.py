@@ -19,6 +19,7 @@ from feedrate.measuring.runqueue import (
     beside,
     busy,
     never,
+    of_loop,
     split,
     wait_and_step,
 )
@@ -45,6 +46,15 @@ def test_wait_and_step_take_the_queue_of_the_wait_only() -> None:
         (0.2, 0.8)
     )
     assert busy((1.0, 0.5, 0.0), (1.3, 0.6, 0.1)) == pytest.approx(0.1)  # on a CPU in next()
+    # No workers: the loop's thread made the batch in next(), queued or not: all of it waits.
+    no_workers = wait_and_step((1.0, 0.5, 0.0), (1.3, 0.6, 0.1), (2.0, 0.9, 0.7), workers=False)
+    assert no_workers == pytest.approx((0.3, 0.7))
+
+
+def test_the_loop_s_queue_is_read_only_where_workers_make_the_batches() -> None:
+    assert of_loop(time.perf_counter, 0) is never
+    assert isinstance(of_loop(time.perf_counter, 2), ThreadQueued)
+    assert of_loop(lambda: 0.0, 2) is never  # a fake clock: no queue to read beside it
 
 
 def test_a_mark_not_exact_reads_the_clock_alone_and_counts_as_no_queue() -> None:

@@ -299,7 +299,7 @@ class AutoLoader(delegation.Surface):
     def _observe(self, lane: Lane, batch: Any, asked: Mark, got: Mark, back: Mark) -> None:
         """A batch asked for at ``asked``, got at ``got``; the loop asked again at ``back``."""
         size = batch_nbytes(batch) if self._tuner.wants_batch_bytes else None
-        wait, step = wait_and_step(asked, got, back)
+        wait, step = wait_and_step(asked, got, back, lane.config.num_workers > 0)
         self._tuner.observe(self._count(batch), wait, step, now := back[0], size, busy(asked, got))
         self._mark.exact = self._tuner.wants_queued
         if self._job is not None and self._tuner.watch_due is not None:

@@ -11,8 +11,10 @@ from feedrate.search.space import STALL_MARGIN, beats, contended, covers, others
 from feedrate.units import size
 
 
-def worker_count_finding(baseline: Trial, best: Trial) -> Finding | None:
-    """The user's num_workers against the measured optimum, with the samples/s lost."""
+def worker_count_finding(baseline: Trial, best: Trial, growing: bool = False) -> Finding | None:
+    """The user's num_workers against the measured optimum, with the samples/s lost.
+    ``growing``: ``best`` is the most workers measured and they mostly wait, so more may
+    give more still (the doctor measured no further: ``tune`` does)."""
     if not baseline.measured or not best.measured or not beats(best, baseline):
         return None
     mine, good = baseline.config.num_workers, best.config.num_workers
@@ -20,11 +22,18 @@ def worker_count_finding(baseline: Trial, best: Trial) -> Finding | None:
         return None
     lost = best.median - baseline.median
     fid = "too-few-workers" if mine < good else "too-many-workers"
+    further = (
+        f"; {good} is the most measured here, and its workers mostly wait: more may give "
+        "more still (`feedrate tune` measures how many)"
+        if growing and good > mine
+        else ""
+    )
     return Finding(
         fid,
         "warning",
         f"num_workers={mine} gives {baseline.median:,.0f} samples/s; {good} measured "
-        f"{best.median:,.0f} ({lost:,.0f} samples/s lost, {best.median / baseline.median:.2f}×)",
+        f"{best.median:,.0f} ({lost:,.0f} samples/s lost, {best.median / baseline.median:.2f}×)"
+        + further,
         f"DataLoader(..., num_workers={good})",
     )
 
@@ -175,7 +184,9 @@ DOCS = (
         evidence=(
             "From `tune` and `doctor`: your settings and the better count, measured again side by "
             "side; the samples/s of each and the samples/s lost; with a consumer, the share of "
-            "time it waited for data at each. Reported only when the gain beats the noise."
+            "time it waited for data at each. Reported only when the gain beats the noise. Where "
+            "the doctor's better count is the most it measured and its workers mostly wait, the "
+            "message says more may give more still: the doctor doubles once, `tune` goes on."
         ),
         fix="`DataLoader(..., num_workers=N)` with the count the message gives.",
         severity="warning",

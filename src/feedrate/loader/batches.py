@@ -21,8 +21,9 @@ def count_samples(batch: Any, default: int = 1) -> int:
     into sequences and mappings), else the length of a sequence of plain items, else ``default``.
 
     A list whose items are samples rather than collated fields (an identity ``collate_fn``) is
-    counted by its length: default_collate never emits tuples or 0-d tensors as fields, so a head
-    that is either marks a list of samples; so does a list exactly ``default`` long."""
+    counted by its length: default_collate emits no 0-d tensor as a field, and a tuple only of
+    strings or bytes (a text field: the samples' own, as ``zip`` paired them), so a head that is
+    either other kind marks a list of samples; so does a list exactly ``default`` long."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) > 0 else default
@@ -34,11 +35,31 @@ def count_samples(batch: Any, default: int = 1) -> int:
             return default
         head = batch[0]
         head_shape = getattr(head, "shape", None)
-        if len(batch) == default > 1 or isinstance(head, tuple) or head_shape == ():
+        text = _text_field(head)
+        if text and _fields_of(batch, len(head), default):
+            return len(head)
+        if len(batch) == default > 1 or (isinstance(head, tuple) and not text) or head_shape == ():
             return len(batch)
-        nested = head_shape is not None or isinstance(head, Mapping | list)
+        nested = head_shape is not None or isinstance(head, Mapping | list) or text
         return count_samples(head, default) if nested else len(batch)
     return default
+
+
+def _text_field(value: Any) -> bool:
+    """A tuple of strings or bytes: what default_collate makes of a text field."""
+    return (
+        isinstance(value, tuple) and bool(value) and all(isinstance(v, str | bytes) for v in value)
+    )
+
+
+def _fields_of(batch: Sequence[Any], n: int, default: int) -> bool:
+    """``batch`` is default_collate's fields of ``n`` samples: a tensor or array among them leads
+    with ``n``, or, all of them text fields ``n`` long, the batch is not ``default`` long (then
+    it could as well be ``default`` samples of text alone, from an identity ``collate_fn``)."""
+    leads = [getattr(field, "shape", None) for field in batch]
+    if any(shape is not None and len(shape) > 0 and int(shape[0]) == n for shape in leads):
+        return True
+    return len(batch) != default and all(_text_field(f) and len(f) == n for f in batch)
 
 
 def batch_nbytes(batch: Any) -> int:

@@ -238,7 +238,8 @@ def _run(
                 epoch_length=epoch_length(loader),
                 consume=consumer,
                 length_hint=length_hint(loader),
-                queued=runqueue.beside(clock),  # the loop's run-queue time is no data stall
+                # the loop's run-queue time is no data stall, unless it makes the batches
+                queued=runqueue.of_loop(clock, loader.num_workers),
             )
         except windows.EmptyLoaderError as exc:
             raise PipelineError(why_empty(loader)) from exc
@@ -302,10 +303,11 @@ def _close(loader: DataLoader[Any], it: object) -> None:
 
 
 def _summary(t: windows.Timeline) -> WindowSummary:
+    wins = rates.steady(t.windows)  # the totals of the windows the rate is taken from
     return WindowSummary(
-        batches=sum(w.batches for w in t.windows),
-        samples=sum(w.samples for w in t.windows),
-        seconds=sum(w.seconds for w in t.windows),
+        batches=sum(w.batches for w in wins),
+        samples=sum(w.samples for w in wins),
+        seconds=sum(w.seconds for w in wins),
         epochs=t.epochs,
         method=t.method,
         warmup_batches=t.warmup_batches,

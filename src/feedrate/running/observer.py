@@ -103,7 +103,7 @@ class Watch:
     def took(self, batch: Any, t0: float, t1: float, cpu: float, queued: float = 0.0) -> None:
         """A batch asked for at ``t0`` arrived at ``t1``, ``cpu`` s of main-thread CPU later,
         the thread having spent ``queued`` s of the wait queued for a CPU: the loop's, not the
-        data's (see ``runqueue``)."""
+        data's, where workers made the batch (see ``runqueue``)."""
         if self.last is None:  # the epoch's first batch: it waited from iter()
             wait, step = t1 - self.began, 0.0
             if self.startup is None:
@@ -112,7 +112,8 @@ class Watch:
             else:
                 self.restarts.append(wait)
         else:
-            wait, step = runqueue.split(t1 - t0, t0 - self.last, queued)
+            here = self.config.num_workers == 0 and self.tuner is None  # made in next()
+            wait, step = runqueue.split(t1 - t0, t0 - self.last, 0.0 if here else queued)
         self.wait += wait
         self.step += step
         self.cpu_in_next += cpu

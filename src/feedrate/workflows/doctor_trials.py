@@ -206,7 +206,11 @@ class Comparison:
             return None
         if self.consumer is not None:
             return consumer_worker_finding(self.baseline, self.best)
-        return worker_count_finding(self.baseline, self.best)
+        most = max(t.config.num_workers for t in self.measured())
+        growing = self.best.config.num_workers == most and (
+            bottleneck(self.best, self.facts.cpus_usable) == "latency"
+        )
+        return worker_count_finding(self.baseline, self.best, growing)
 
     def subject(self) -> tuple[Trial | None, Pace | None, Trial | None]:
         """The run the bottleneck is read from, the consumer's pace, and a faster run without
