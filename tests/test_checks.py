@@ -144,6 +144,15 @@ def test_consumer_bound_data_bound_contention_and_uneven() -> None:
     assert bottleneck_finding(trial(2, stall=0.01), 2, True).message.startswith("consumer-bound")
 
 
+def test_a_busy_main_process_is_not_fastest_without_workers_when_none_were_tried() -> None:
+    # An IterableDataset whose worker count stays the user's (w=0): nothing was compared.
+    alone = trial(0, rate=1570, main=1.95, each=0.0)
+    assert bottleneck_finding(alone, 2, False).message.startswith("fastest without workers")
+    found = bottleneck_finding(alone, 2, False, workers_tried=False)
+    assert found.message.startswith("main-process-bound"), found.message
+    assert "num_workers=N" in found.fix
+
+
 # -- workers, start-up -------------------------------------------------------------------------
 
 

@@ -46,6 +46,21 @@ def test_autotune_every_sample_once_and_the_epoch_reaches_the_dataset() -> None:
     assert none_left()
 
 
+def test_one_shard_keeps_the_worker_count_and_says_to_make_more(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Hugging Face gives each worker whole shards: with one, a second worker stops at once
+    # ("Too many dataloader workers"), and the 2-worker probe blamed "too few distinct" items.
+    with feedrate.autotune(DataLoader(stream(1), batch_size=16), cache=False, budget_s=2) as auto:
+        assert Counter(epoch_ids(auto, step_s=0.002)) == Counter(range(N))
+        assert auto.config.num_workers == 0
+        reason = auto.report().started_from
+    assert "it has 1" in reason and "num_shards=N" in reason, reason
+    assert "too few distinct" not in reason
+    assert "Too many dataloader workers" not in capfd.readouterr().err  # no probe ran
+    assert none_left()
+
+
 def test_items_batched_by_the_library_count_their_samples() -> None:
     loader = DataLoader(hf_dataset().to_iterable_dataset().batch(16), batch_size=None)
     count = sample_counter(loader)

@@ -224,6 +224,14 @@ def test_workers_queued_for_a_cpu_on_a_busy_machine_are_not_called_latency_bound
     assert rules.bottleneck_of(asleep, cpus=2) == "latency"
 
 
+def test_the_rate_that_reaches_the_loop_is_the_one_the_report_shows() -> None:
+    # 400 samples over an 8 s loop: 50 samples/s, whatever the median of two uneven windows.
+    uneven = [Window(0.0, 4.0, 5.0, 1.0, 20), Window(4.0, 4.0, 1.0, 1.0, 80)]
+    ld = run_of(timeline=uneven, main_cpu_in_next=0.02)
+    stall = next(f for f in rules.findings(ld, {}, 2) if f.id == "data-stall")
+    assert ": 50 samples/s reach it" in stall.message, stall.message
+
+
 def test_workers_needed_follows_the_data_time_against_the_step() -> None:
     # 6 s of waiting (0.1 s start-up) over 99 steady batches: ~60 ms a batch for a 20 ms step.
     latency = run_of(main_cpu_in_next=0.0)

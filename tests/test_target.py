@@ -217,6 +217,18 @@ def test_missing_name_without_a_close_one_lists_the_loaders(tmp_path: Path) -> N
     assert str(load_error(f"{path}:zzz")).endswith("(DataLoaders it defines: train_dl, val_dl)")
 
 
+def test_missing_name_lists_the_functions_that_may_build_one(tmp_path: Path) -> None:
+    body = (
+        LOADER_HEADER
+        + "from os.path import join\n"  # imported: not this file's
+        + "def make_loader(shuffle=False):\n    return DataLoader(range(4))\n"
+        + "def collate(batch):\n    return batch\n"  # takes an argument: no loader maker
+    )
+    path = write(tmp_path, "maker.py", body)
+    message = str(load_error(f"{path}:zzz"))
+    assert message.endswith("(functions it defines that take no arguments: make_loader)"), message
+
+
 def test_missing_attribute_in_a_dotted_name(tmp_path: Path) -> None:
     path = write(tmp_path, "obj.py", "class Cfg:\n    loader = None\n")
     message = str(load_error(f"{path}:Cfg.lodaer"))

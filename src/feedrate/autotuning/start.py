@@ -256,6 +256,12 @@ def unsplit_stream(
     of their time the 2 workers making items were on a CPU, where they were seen to split."""
     if libraries.splits_by_worker(loader.dataset) is not None:
         return None, None  # known to split (and probing would use up a MosaicML epoch)
+    if libraries.worker_limit(loader.dataset) == 1:  # a probe's 2nd worker would stop at once
+        return (
+            "its library gives each worker whole shards and it has 1, so a second worker would "
+            f"have nothing to read (make more shards to let {who} choose the workers: "
+            "to_iterable_dataset(num_shards=N), more shard files)"
+        ), None
     try:
         digests = stream_digests(loader, limit=32, seconds=2.0)
     except Exception as exc:  # the check itself failed: stay safe

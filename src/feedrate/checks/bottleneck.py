@@ -139,17 +139,25 @@ def bottleneck_finding(
     batch_size: int | None = None,
     pace: Pace | None = None,
     no_workers: Trial | None = None,
+    workers_tried: bool = True,
 ) -> Finding:
     """What limits the pipeline, from where the CPU time of ``best`` went; ``no_workers`` (the
     pipeline measured without workers) shows when workers cost more than they save. With a
     consumer, from comparing the loader alone, the consumer alone and both together (``pace``;
-    without one, ``best`` is taken as the run together)."""
+    without one, ``best`` is taken as the run together). Where no configuration with workers
+    was measured (``workers_tried`` False), a busy main process is not "fastest without
+    workers": nothing was compared."""
     pace = pace_of(best, consumer, pace)
     kind = bottleneck_kind(best, cpus, batch_size, pace, no_workers)
+    if kind == "no-workers" and not workers_tried:
+        kind = "main-process"
     if pace is None:
         evidence = _evidence(best, cpus, kind, batch_size, no_workers)
         message = f"{LABELS[kind]}: {evidence}"
-        return Finding("bottleneck", "info", message, _HELPS[kind])
+        helps = _HELPS[kind]
+        if kind == "main-process" and best.config.num_workers == 0:  # the dataset's own work
+            helps = "move the work into worker processes: DataLoader(..., num_workers=N)"
+        return Finding("bottleneck", "info", message, helps)
     stall, seen = pace.stall, pace.evidence()
     if kind == "consumer":
         message = (

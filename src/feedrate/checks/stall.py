@@ -61,7 +61,8 @@ def roles(loaders: list[LoaderRun]) -> list[Role]:
 
 def observed_trial(ld: LoaderRun) -> Trial:
     """The loader's observation as a ``Trial`` (what the doctor's rules read): the rate it
-    delivered per window of its timeline, its stall, start-up and restarts, and its CPU use
+    delivered over its whole loop (the figure the report shows beside it; its windows' spread
+    too), its stall, start-up and restarts, and its CPU use
     (the main thread's while waiting, the workers' over the loop). Once ``--autotune`` tuned
     it, the settings are autotune's and the stall the settled one."""
     config = ld.settled_config
@@ -75,7 +76,7 @@ def observed_trial(ld: LoaderRun) -> Trial:
         config=config,
         reason="observed by feedrate run",
         samples_per_s=ld.samples / ld.loop_s if ld.loop_s > 0 else 0.0,
-        spread=Spread.of_rates(rates or [0.0]),
+        spread=Spread.of_rates(rates or [0.0], span=True),  # its rate: the loop's, in all
         startup_s=ld.startup_s or 0.0,
         epoch_restart_s=list(ld.epoch_restart_s),
         main_cpu=ld.main_cpu_in_next or 0.0,

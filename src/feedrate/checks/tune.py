@@ -81,7 +81,13 @@ def tune_findings(
     batch_size: int | None = None,
 ) -> list[Finding]:
     found = [
-        bottleneck_finding(best, space.cpus, space.consumer, batch_size=batch_size),
+        bottleneck_finding(
+            best,
+            space.cpus,
+            space.consumer,
+            batch_size=batch_size,
+            workers_tried=any(t.measured and t.config.num_workers for t in trials),
+        ),
         pin_memory_finding(baseline, machine),
         worker_count_finding(baseline, best),
         workers_past_cpus_finding(baseline, best, space.cpus),

@@ -219,7 +219,8 @@ def _resolve(module: ModuleType, target: TargetSpec) -> object:
         if found is missing:
             if i == 0:
                 namespace: Mapping[str, object] = vars(module)
-                raise TargetError(f"{target.location} has no name {part!r}{_hint(part, namespace)}")
+                hint = _hint(part, namespace, module.__name__)
+                raise TargetError(f"{target.location} has no name {part!r}{hint}")
             owner = f"{target.location}:{'.'.join(parts[:i])}"
             namespace = dict.fromkeys(dir(value))
             raise TargetError(f"{owner} has no attribute {part!r}{_hint(part, namespace)}")
@@ -227,14 +228,33 @@ def _resolve(module: ModuleType, target: TargetSpec) -> object:
     return value
 
 
-def _hint(name: str, namespace: Mapping[str, object]) -> str:
-    """' (did you mean ...?)' from close public names, else the DataLoaders present, else ''."""
+def _hint(name: str, namespace: Mapping[str, object], home: str | None = None) -> str:
+    """' (did you mean ...?)' from close public names, else the DataLoaders present and the
+    functions of module ``home`` that take no arguments, else ''."""
     public = [n for n in namespace if not n.startswith("_")]
     close = difflib.get_close_matches(name, public, n=3)
     if close:
         return f" (did you mean {' or '.join(map(repr, close))}?)"
     loaders = [n for n in public if isinstance(namespace[n], DataLoader)][:5]
-    return f" (DataLoaders it defines: {', '.join(loaders)})" if loaders else ""
+    makers = [n for n in public if home is not None and _maker(namespace[n], home)][:5]
+    found = [f"DataLoaders it defines: {', '.join(loaders)}"] if loaders else []
+    if makers:
+        found.append(f"functions it defines that take no arguments: {', '.join(makers)}")
+    return f" ({'; '.join(found)})" if found else ""
+
+
+def _maker(value: object, home: str) -> bool:
+    """A function of module ``home`` callable with no arguments: it may build a loader (a
+    factory, what ``FILE:NAME`` takes too). Not a class, nor one imported from elsewhere."""
+    if not inspect.isfunction(value) or value.__module__ != home:
+        return False
+    try:
+        params = inspect.signature(value).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
+    )
 
 
 def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:

@@ -44,7 +44,7 @@ MAIN_BUSY = 0.6
 #: Each bottleneck kind in words.
 LABELS: dict[str, str] = {
     "no-workers": "fastest without workers (the work per batch is too small to hand over)",
-    "main-process": "main-process-bound (collation, unpickling, pinning)",
+    "main-process": "main-process-bound (loading, collating, unpickling or pinning in it)",
     "cpu": "CPU-bound in the workers",
     "latency": "latency-bound (fetching mostly waits)",
     "unknown": "no single bottleneck stood out",
