@@ -7,7 +7,7 @@ import json
 import warnings
 
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import collect
@@ -45,6 +45,30 @@ def test_short_dataset_is_reiterated_and_restarts_recorded() -> None:
     assert m.window.epochs >= 3
     assert len(m.epoch_restart_s) >= 2
     assert m.window.batches >= 30
+
+
+class _Ticking(Dataset[int]):
+    """Each item moves a fake clock on by 0.25 s, but the last of an epoch of 10 by 0.0625 s."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> int:
+        self.clock[0] += 0.0625 if i == 9 else 0.25
+        return i
+
+
+def test_window_totals_are_those_of_the_rate() -> None:
+    # 1 s windows: two full ones, the epoch's quick last batch cut short, then a third full one
+    # in the next epoch. The cut window counts in no figure, the totals included.
+    clock = [0.0]
+    loader = DataLoader(_Ticking(clock), batch_size=1)
+    m = measure(loader, LoaderConfig(0), seconds=3.0, windows_count=3, clock=lambda: clock[0])
+    assert m.spread.windows == [4.0, 4.0, 4.0] and m.window.epochs == 1
+    assert m.samples_per_s == 4.0 and (m.window.samples, m.window.seconds) == (12, 3.0)
 
 
 def test_whole_epochs_when_epochs_shorter_than_warmup() -> None:

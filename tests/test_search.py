@@ -256,6 +256,64 @@ def test_a_trial_over_the_memory_limit_is_not_recommended() -> None:
     assert choose(space(memory_budget=2**20), [two, none]) is none
 
 
+def repeated(workers: int, rate: float, noise: float, repeats: int = 3, **kw: object) -> Trial:
+    cfg = online_cfg(workers) if workers else LoaderConfig(0)
+    t = make_trial(replace(cfg, **kw), "t", Figures(rate, 0.1, 0.5, noise=noise), None)
+    t.repeats = repeats
+    return t
+
+
+def test_verdicts_say_why_each_trial_lost_by_the_rule_that_chose() -> None:
+    # QA, feedrate tune on a CPU-heavy datasets pipeline: w=2 read "within noise of the
+    # fastest" though w=3 was recommended. Measured 3 times each, side by side, w=3 outpaced
+    # it by 3.8%: choose counts that (``outpaced``), the verdicts counted the noise alone.
+    yours, two, three = repeated(0, 4335, 0.116), repeated(2, 5482, 0.054), repeated(3, 5689, 0.039)
+    four, deep = repeated(4, 3005, 0.011, 1), repeated(3, 3305, 0.225, 2, prefetch_factor=4)
+    trials = [yours, two, three, four, deep]
+    assert choose(space(), trials) is three
+    advice.verdicts(space(), trials, three)
+    assert three.verdict == "recommended"
+    assert two.verdict == (
+        "within the noise, but outpaced by w=3 pf=2 persistent side by side (4% slower over 3 "
+        "runs each)"
+    )
+    assert [t.verdict for t in (yours, four, deep)] == ["24% slower", "47% slower", "42% slower"]
+    # And your own settings, cheaper, within the noise of a faster w=2 that outpaced them.
+    yours, two = repeated(0, 7314, 0.010), repeated(2, 7885, 0.076)
+    one = repeated(1, 3632, 0.028, 1)
+    assert choose(space(), [yours, two, one]) is two
+    advice.verdicts(space(), [yours, two, one], two)
+    assert yours.verdict.startswith("within the noise, but outpaced by w=2 pf=2 persistent")
+    assert (two.verdict, one.verdict) == ("recommended", "54% slower")
+
+
+def test_verdicts_of_trials_the_answer_could_not_be() -> None:
+    # Faster, or as fast for less, but not for the answer: threads not allowed, over the memory
+    # budget, or set aside for its pin_memory twin; none reads "within noise of the fastest".
+    threads = repeated(1, 2000, 0.02, threads=8)
+    big = repeated(2, 1500, 0.02)
+    big.workers_uss_bytes = 2**30
+    pinned, unpinned = repeated(3, 1010, 0.02, pin_memory=True), repeated(3, 1000, 0.02)
+    four = repeated(4, 1000, 0.02)
+    trials = [threads, big, pinned, unpinned, four]
+    s = space(memory_budget=512 * 2**20)
+    assert choose(s, trials) is unpinned  # which pinning's verdict sets aside for its twin:
+    assert choose(s, [t for t in trials if t is not unpinned]) is pinned
+    advice.verdicts(s, trials, pinned, unpinned)
+    assert threads.verdict == "threads need --threads (a thread-safe __getitem__)"
+    assert big.verdict == "over the memory budget of 512.0 MiB"
+    assert unpinned.verdict == "set aside for its pin_memory=True twin"
+    assert (pinned.verdict, four.verdict) == ("recommended", "within noise of the fastest")
+
+
+def test_verdicts_with_a_consumer_none_keeps_fed_say_the_rule_that_chose() -> None:
+    two, three = repeated(2, 950, 0.02), repeated(3, 1000, 0.02)
+    two.stall_fraction, three.stall_fraction = 0.30, 0.26
+    assert choose(space(consumer=True), [two, three]) is three
+    advice.verdicts(space(consumer=True), [two, three], three)
+    assert two.verdict.startswith("consumer waits 30% of the time; within the noise, but outpaced")
+
+
 def test_bottleneck_classes() -> None:
     assert bottleneck(make_trial(LoaderConfig(0), "", Figures(1, 1.0, 0), None), 2) == "no-workers"
     assert (

@@ -12,12 +12,15 @@ from feedrate.search.bottleneck import bottleneck
 from feedrate.search.space import (
     Space,
     beats,
+    behind,
     contended,
     covers,
+    eligible,
     fastest,
     others_busy,
     series,
 )
+from feedrate.units import size
 
 #: persistent_workers pays when restarting workers costs at least this share of an epoch...
 PERSISTENT_SHARE = 0.01
@@ -25,14 +28,26 @@ PERSISTENT_SHARE = 0.01
 PERSISTENT_SECONDS = 1.0
 
 
-def verdicts(space: Space, trials: list[Trial], best: Trial) -> None:
-    """Fill in each trial's ``verdict`` against the recommendation."""
-    top = fastest(trials)
+def verdicts(space: Space, trials: list[Trial], best: Trial, aside: Trial | None = None) -> None:
+    """Fill in each trial's ``verdict``: ``best`` is ``propose.choose``'s answer from ``trials``
+    less ``aside`` (a trial set aside before choosing: ``checks.transfer.pin_loser``), and every
+    other trial says, by the rule that chose it, why it is not the answer."""
+    allowed = eligible(space, [t for t in trials if t is not aside])
+    top = fastest(allowed)
+    fed = space.consumer and any(covers(t) for t in allowed)
     for t in trials:
         if not t.measured:
             continue
         if t is best:
             t.verdict = "recommended"
+        elif t is aside:
+            t.verdict = f"set aside for its pin_memory={not t.config.pin_memory} twin"
+        elif not any(t is x for x in allowed):
+            t.verdict = (
+                "threads need --threads (a thread-safe __getitem__)"
+                if t.config.threads > 1 and not space.allow_threads
+                else f"over the memory budget of {size(space.memory_budget or 0)}"
+            )
         elif space.consumer:
             stall = t.stall_fraction or 0.0
             t.verdict = (
@@ -40,12 +55,26 @@ def verdicts(space: Space, trials: list[Trial], best: Trial) -> None:
                 if covers(t)
                 else f"consumer waits {stall:.0%} of the time"
             )
-        elif top is not None and not beats(top, t):
-            t.verdict = "within noise of the fastest"
-        elif not beats(best, t):  # e.g. a hair faster than the cheaper recommendation
-            t.verdict = "within noise of the recommended"
-        elif best.median > 0:
-            t.verdict = f"{1 - t.median / best.median:.0%} slower"
+            if not fed and top is not None:  # none fed: chosen by the rule below
+                t.verdict += f"; {_behind(top, t, best)}"
+        elif top is not None:
+            t.verdict = _behind(top, t, best)
+
+
+def _behind(top: Trial, t: Trial, best: Trial) -> str:
+    """Why ``t`` is not the answer ``best`` where the fastest ``top`` decides (``behind``)."""
+    gap = behind(top, t)
+    if gap is None:  # as good as the fastest, and no cheaper than the answer
+        return "within noise of the fastest"
+    if gap == "outpaced":
+        return (
+            f"within the noise, but outpaced by {top.config.label()} side by side "
+            f"({1 - t.median / top.median:.0%} slower over "
+            f"{min(t.repeats, top.repeats)} runs each)"
+        )
+    if not beats(best, t):  # e.g. a hair faster than the cheaper recommendation
+        return "within noise of the recommended"
+    return f"{1 - t.median / best.median:.0%} slower" if best.median > 0 else "slower"
 
 
 def judge_persistent(best: Trial, epoch_samples: int | None) -> dict[str, Any]:

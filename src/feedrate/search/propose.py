@@ -15,11 +15,10 @@ from feedrate.search.space import (
     RESOLVED_REPEATS,
     Proposal,
     Space,
-    beats,
+    behind,
     covers,
     eligible,
     fastest,
-    outpaced,
     peaks,
     predict_over_budget,
 )
@@ -57,11 +56,12 @@ def propose_online(space: Space, trials: list[Trial]) -> Proposal | None:
 
 
 def choose(space: Space, trials: list[Trial]) -> Trial | None:
-    """The recommendation: with a consumer the fewest workers (then least memory) that keep it
-    fed; without one, or when none keeps it fed, the cheapest within the noise of the fastest
-    and not ``outpaced`` by it once both were measured side by side enough times (with a
-    consumer its rate is what it delivered to the consumer, so the fastest stalls least and a
-    stall a few points lower is no reason to pay for more workers)."""
+    """The recommendation, among the ``eligible`` trials: with a consumer the fewest workers
+    (then least memory) that keep it fed; without one, or when none keeps it fed, the cheapest
+    that the fastest is not ``behind`` (within its noise and not ``outpaced`` by it once both
+    were measured side by side enough times; with a consumer its rate is what it delivered to
+    the consumer, so the fastest stalls least and a stall a few points lower is no reason to
+    pay for more workers). ``advice.verdicts`` explains the answer by the same rule."""
     measured = eligible(space, trials)
     if not measured:
         return None
@@ -78,7 +78,7 @@ def choose(space: Space, trials: list[Trial]) -> Trial | None:
                 ),
             )
     top = max(measured, key=lambda t: t.median)
-    equal = [t for t in measured if not beats(top, t) and not outpaced(top, t)]
+    equal = [t for t in measured if behind(top, t) is None]
     return min(
         equal,
         key=lambda t: (

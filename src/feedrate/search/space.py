@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
@@ -126,6 +127,19 @@ def outpaced(top: Trial, t: Trial) -> bool:
     more than ``NOISE_FLOOR``."""
     resolved = min(top.repeats, t.repeats) >= RESOLVED_REPEATS
     return resolved and top.median > t.median * (1 + NOISE_FLOOR)
+
+
+#: Why a trial is not as good as the fastest: slower beyond the noise, or ``outpaced``.
+Behind = Literal["beaten", "outpaced"]
+
+
+def behind(top: Trial, t: Trial) -> Behind | None:
+    """The answer's rule (``propose.choose``, and the verdicts that explain it): why ``t`` is
+    not as good as the fastest ``top``, or None where it is (within the noise of ``top`` and
+    not ``outpaced`` by it): of those, the cheapest is the answer."""
+    if beats(top, t):
+        return "beaten"
+    return "outpaced" if outpaced(top, t) else None
 
 
 #: The loop's own time per sample (its step's share of the time, over the rate) this much

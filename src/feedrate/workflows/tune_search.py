@@ -317,7 +317,7 @@ class TuneSearch:
         chosen = best  # as measured: pinning's verdict reads its twin
         samples = epoch_samples(self.loader)
         persistent = advice.judge_persistent(best, samples)
-        advice.verdicts(self.space, self.trials, best)
+        advice.verdicts(self.space, self.trials, best, loser)
         final = advice.apply_persistent(best, persistent)
         best_restart_s = self.restart_counted(best, final)
         if final != best.config:
