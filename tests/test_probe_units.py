@@ -24,6 +24,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.measuring.measure import measure, warmup_batches
 from feedrate.measuring.processes import ProcessProbe, shm_used_bytes
 from feedrate.results.processes import ProbeReport, ProcessFigures
+from feedrate.units import rate
 
 # --- doubles -----------------------------------------------------------------------------------
 
@@ -378,3 +379,13 @@ def test_a_stopped_probe_does_not_finish_its_pass_over_the_workers_memory() -> N
     probe.__exit__()
     assert probe._thread is not None and not probe._thread.is_alive()
     assert len(reads) < 60  # it gave up within the pass
+
+
+# --- rates in words ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "words"), [(1570.4, "1,570"), (100.0, "100"), (93.44, "93.4"), (0.5123, "0.512")]
+)
+def test_a_rate_reads_in_plain_digits(value: float, words: str) -> None:
+    assert rate(value) == words

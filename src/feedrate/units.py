@@ -79,6 +79,12 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
+def rate(samples_per_s: float) -> str:
+    """A rate in words: whole samples/s with thousands separators from 100 up (1,570, not
+    1.57e+03), three significant digits below (93.4, 0.512)."""
+    return f"{samples_per_s:,.0f}" if abs(samples_per_s) >= 100 else f"{samples_per_s:.3g}"
+
+
 def counted(n: int, noun: str) -> str:
     """``1 trial``, ``3 trials``: ``n`` and the noun, plural where it needs to be."""
     return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -20,7 +20,7 @@ from feedrate.search.space import (
     others_busy,
     series,
 )
-from feedrate.units import size
+from feedrate.units import rate, size
 
 #: persistent_workers pays when restarting workers costs at least this share of an epoch...
 PERSISTENT_SHARE = 0.01
@@ -149,7 +149,7 @@ def _workers_unmeasured(best: Trial, trials: list[Trial] | None) -> str | None:
             "(see the trials-failed finding), so this is no verdict on workers."
         )
     return (
-        f"Only num_workers=0 was measured within the budget ({best.median:,.3g} samples/s): "
+        f"Only num_workers=0 was measured within the budget ({rate(best.median)} samples/s): "
         "this is no verdict on workers; a larger budget (--budget-s) measures them."
     )
 
@@ -176,7 +176,7 @@ def _reason(
         )
     kind = bottleneck(best, cpus)
     if space.max_workers == 0:  # max_workers=0, or a stream that must keep its count
-        return f"No workers were tried: the search allowed none ({best.median:,.3g} samples/s)."
+        return f"No workers were tried: the search allowed none ({rate(best.median)} samples/s)."
     unmeasured = _workers_unmeasured(best, trials)
     if unmeasured is not None:
         return unmeasured
