@@ -385,7 +385,7 @@ def test_a_stopped_probe_does_not_finish_its_pass_over_the_workers_memory() -> N
 
 
 @pytest.mark.parametrize(
-    ("value", "words"), [(1570.4, "1,570"), (100.0, "100"), (93.44, "93.4"), (0.5123, "0.512")]
+    ("value", "words"), [(1570.4, "1,570"), (100.0, "100"), (93.44, "93.4"), (0.5123, "0.5")]
 )
 def test_a_rate_reads_in_plain_digits(value: float, words: str) -> None:
     assert rate(value) == words

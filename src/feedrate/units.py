@@ -79,10 +79,9 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
-def rate(samples_per_s: float) -> str:
-    """A rate in words: whole samples/s with thousands separators from 100 up (1,570, not
-    1.57e+03), three significant digits below (93.4, 0.512)."""
-    return f"{samples_per_s:,.0f}" if abs(samples_per_s) >= 100 else f"{samples_per_s:.3g}"
+def rate(value: float) -> str:
+    """Samples/s with thousands separators (one decimal below 100): 1,570, not 1.57e+03."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
 def counted(n: int, noun: str) -> str:

@@ -186,7 +186,7 @@ class TuneProgress:
         else:
             what = f"{rate(t.median)} samples/s {plus_minus(t.noise)}"
         self.bar.console.print(
-            f"  {t.config.label():24s} {what}  [dim]({t.reason})[/dim]", highlight=False
+            f"  {t.config.label():32s} {what}  [dim]({t.reason})[/dim]", highlight=False
         )
 
 

@@ -244,17 +244,10 @@ def _hint(name: str, namespace: Mapping[str, object], home: str | None = None) -
 
 
 def _maker(value: object, home: str) -> bool:
-    """A function of module ``home`` callable with no arguments: it may build a loader (a
-    factory, what ``FILE:NAME`` takes too). Not a class, nor one imported from elsewhere."""
-    if not inspect.isfunction(value) or value.__module__ != home:
-        return False
-    try:
-        params = inspect.signature(value).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return all(
-        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
-    )
+    """A function of module ``home`` (not imported from elsewhere) callable with no arguments:
+    it may build a loader, a factory that ``FILE:NAME`` takes too."""
+    own = inspect.isfunction(value) and value.__module__ == home
+    return own and not _required_parameters(value)  # type: ignore[arg-type]
 
 
 def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:

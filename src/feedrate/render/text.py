@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from feedrate.units import rate
+
+__all__ = ["plus_minus", "rate", "size"]
+
 
 def size(n: int | float | None) -> str:
     """Bytes as a short human string (binary units)."""
@@ -13,11 +17,6 @@ def size(n: int | float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
-
-
-def rate(value: float) -> str:
-    """Samples/s with thousands separators (one decimal below 100)."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
 def plus_minus(rel_se: float) -> str:
