@@ -2,8 +2,9 @@
 
 A second ``tune`` of the same pipeline on the same machine answers at once from here. The
 fingerprint covers what decides the right settings: the dataset's class and the source of the
-file that defines it, its length, the batching, sampling and collation; a change to any of them
-tunes again. Files live in ``$FEEDRATE_CACHE_DIR/tune/`` (default ``~/.cache/feedrate/tune``).
+file that defines it, its length, the state it holds (``identity.state_digest``: its transform,
+its stages, its paths), the batching, sampling and collation; a change to any of them tunes
+again. Files live in ``$FEEDRATE_CACHE_DIR/tune/`` (default ``~/.cache/feedrate/tune``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
+from feedrate.machine.identity import state_digest
 
 #: Machine facts that change the answer; the free memory of the moment does not.
 _MACHINE_KEYS = (
@@ -65,8 +67,9 @@ def _name(obj: Any) -> str | None:
 def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
     """What identifies a pipeline, as plain data: the loader's class and its own settings (the
     baseline every answer is measured against), the dataset (class, source, length), the
-    batching, sampling, collation and worker set-up. Two loaders of one dataset class with
-    other settings are other pipelines."""
+    batching, sampling, collation and worker set-up, and the state the dataset, sampler, batch
+    sampler, collate_fn and worker_init_fn hold. Two loaders of one dataset class with other
+    settings, or two datasets of one class holding another transform, are other pipelines."""
     dataset = loader.dataset
     try:
         length: int | None = len(dataset)  # type: ignore[arg-type]
@@ -89,6 +92,10 @@ def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
         else None,
         "worker_init_fn": _name(loader.worker_init_fn),
         "start_method": ctx if ctx is None or isinstance(ctx, str) else ctx.get_start_method(),
+        # Bounded and the same in every run: no data, no addresses (see ``identity``).
+        "state": state_digest(
+            dataset, loader.sampler, loader.batch_sampler, loader.collate_fn, loader.worker_init_fn
+        ),
     }
 
 
