@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from feedrate.errors import TargetError, UserError
-from feedrate.loader.target import TargetSpec, load_target, parse_target
+from feedrate.loader.target import TargetSpec, load_step, load_target, parse_target
 
 LOADER_HEADER = "from torch.utils.data import DataLoader\n"
 
@@ -227,6 +227,10 @@ def test_missing_name_lists_the_functions_that_may_build_one(tmp_path: Path) -> 
     path = write(tmp_path, "maker.py", body)
     message = str(load_error(f"{path}:zzz"))
     assert message.endswith("(functions it defines that take no arguments: make_loader)"), message
+    # A step takes the batch: the functions offered are those that take one argument.
+    with pytest.raises(TargetError) as err:
+        load_step(f"{path}:step")
+    assert str(err.value).endswith("(functions it defines that take one argument: collate)")
 
 
 def test_missing_attribute_in_a_dotted_name(tmp_path: Path) -> None:

@@ -133,20 +133,20 @@ class _Factory:
             return _as_loader(self.fn, self.target)
 
 
-def _load_object(spec: str | TargetSpec) -> tuple[TargetSpec, object]:
+def _load_object(spec: str | TargetSpec, step: bool = False) -> tuple[TargetSpec, object]:
     """Import the TARGET's file or module and look NAME up in it."""
     target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
     if target.kind == "file":
         module = _import_file(target)
     else:
         module = _run_user(target, "importing it", lambda: _import_module(target.location))
-    return target, _run_user(target, "getting it", lambda: _resolve(module, target))
+    return target, _run_user(target, "getting it", lambda: _resolve(module, target, step))
 
 
 def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
     """Import a training step ``FILE.py:FUNC`` or ``package.module:FUNC``: a callable taking one
     batch. Errors as for ``load_target`` (TargetError, one line)."""
-    target, value = _load_object(spec)
+    target, value = _load_object(spec, step=True)
     if not callable(value):
         raise TargetError(f"{target} is {_a(value)}, not a callable taking a batch")
     step: Callable[[Any], object] = value
@@ -210,7 +210,7 @@ def _import_module(name: str) -> ModuleType:
         raise TargetError(f"no module named {name!r}{extra}") from exc
 
 
-def _resolve(module: ModuleType, target: TargetSpec) -> object:
+def _resolve(module: ModuleType, target: TargetSpec, step: bool = False) -> object:
     value: object = module
     missing = object()
     parts = target.name.split(".")
@@ -219,7 +219,7 @@ def _resolve(module: ModuleType, target: TargetSpec) -> object:
         if found is missing:
             if i == 0:
                 namespace: Mapping[str, object] = vars(module)
-                hint = _hint(part, namespace, module.__name__)
+                hint = _hint(part, namespace, module.__name__, 1 if step else 0)
                 raise TargetError(f"{target.location} has no name {part!r}{hint}")
             owner = f"{target.location}:{'.'.join(parts[:i])}"
             namespace = dict.fromkeys(dir(value))
@@ -228,26 +228,30 @@ def _resolve(module: ModuleType, target: TargetSpec) -> object:
     return value
 
 
-def _hint(name: str, namespace: Mapping[str, object], home: str | None = None) -> str:
+def _hint(
+    name: str, namespace: Mapping[str, object], home: str | None = None, args: int = 0
+) -> str:
     """' (did you mean ...?)' from close public names, else the DataLoaders present and the
-    functions of module ``home`` that take no arguments, else ''."""
+    functions of module ``home`` that take ``args`` arguments (0: a loader's factory, 1: a
+    training step), else ''."""
     public = [n for n in namespace if not n.startswith("_")]
     close = difflib.get_close_matches(name, public, n=3)
     if close:
         return f" (did you mean {' or '.join(map(repr, close))}?)"
-    loaders = [n for n in public if isinstance(namespace[n], DataLoader)][:5]
-    makers = [n for n in public if home is not None and _maker(namespace[n], home)][:5]
+    loaders = [] if args else [n for n in public if isinstance(namespace[n], DataLoader)][:5]
     found = [f"DataLoaders it defines: {', '.join(loaders)}"] if loaders else []
-    if makers:
-        found.append(f"functions it defines that take no arguments: {', '.join(makers)}")
+    fits = [n for n in public if home is not None and _takes(namespace[n], home, args)][:5]
+    if fits:
+        what = "one argument" if args else "no arguments"
+        found.append(f"functions it defines that take {what}: {', '.join(fits)}")
     return f" ({'; '.join(found)})" if found else ""
 
 
-def _maker(value: object, home: str) -> bool:
-    """A function of module ``home`` (not imported from elsewhere) callable with no arguments:
-    it may build a loader, a factory that ``FILE:NAME`` takes too."""
+def _takes(value: object, home: str, args: int) -> bool:
+    """A function of module ``home`` (not imported) that needs ``args`` arguments: with none,
+    it may build a loader (a factory ``FILE:NAME`` takes too); with one, be a training step."""
     own = inspect.isfunction(value) and value.__module__ == home
-    return own and not _required_parameters(value)  # type: ignore[arg-type]
+    return own and len(_required_parameters(value)) == args  # type: ignore[arg-type]
 
 
 def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:
