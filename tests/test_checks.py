@@ -360,6 +360,8 @@ def test_copy_on_read_needs_growth_and_python_containers() -> None:
         ({}, 8, False),
         ({"torch_threads": 2}, 1, False),
         ({"torch_threads": 4}, 0, False),
+        # numpy's OpenBLAS with no variable set: one thread per core, no variable says so.
+        ({"pools": {"openblas": 2}}, 4, True),
     ],
 )
 def test_thread_oversubscription(changes: dict[str, Any], workers: int, expected: bool) -> None:
@@ -373,6 +375,10 @@ def test_thread_oversubscription(changes: dict[str, Any], workers: int, expected
             assert "cv2.setNumThreads(1)" in found.fix and "OpenCV 8" in found.message
         if "env" in changes:
             assert "OMP_NUM_THREADS=16" in found.message and "OMP_NUM_THREADS=1" in found.fix
+        if "pools" in changes:
+            assert "OpenBLAS 2" in found.message
+            assert "threadpoolctl.threadpool_limits(1)" in found.fix
+        assert "unset" not in found.fix  # unset, OpenBLAS and OpenMP run one thread per core
 
 
 def test_data_stall_with_a_consumer() -> None:

@@ -175,6 +175,8 @@ def worker_threads(view: WorkerView) -> tuple[int, list[str]]:
     env_n, env_name = _env_threads(view.env)
     if env_name:
         sources.append((env_n, f"{env_name}={env_n}"))
+    for library, n in sorted(view.pools.items()):
+        sources.append((n, f"{_POOLS.get(library, library)} {n}"))
     most = max(n for n, _ in sources)
     return most, [text for n, text in sources if n > 1]
 
@@ -196,6 +198,9 @@ def thread_finding(
     fixes = ["torch.set_num_threads(1)"]
     if any(s.startswith("OpenCV") for s in sources):
         fixes.append("cv2.setNumThreads(1)")
+    if any(s.split()[0] in _POOLS.values() for s in sources):
+        # Read once, when the library loads: a variable set in the worker comes too late.
+        fixes.append("threadpoolctl.threadpool_limits(1)")
     env = [s.split("=")[0] for s in sources if "=" in s]
     return Finding(
         "thread-oversubscription",
@@ -204,8 +209,13 @@ def thread_finding(
         f"the workers after worker_init_fn): {workers} workers × {per_worker} = {total} "
         f"threads on {cpus} usable CPUs{running}; they preempt one another and the main process",
         f"in worker_init_fn: {'; '.join(fixes)}"
-        + (f"; and set {', '.join(env)}=1 (or unset them)" if env else ""),
+        # Unset, OpenBLAS and OpenMP run one thread per core: the same oversubscription.
+        + (f"; and set {', '.join(env)}=1 before starting Python" if env else ""),
     )
+
+
+#: threadpoolctl's names of the native libraries, as the finding writes them.
+_POOLS = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS", "openmp": "OpenMP"}
 
 
 #: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
@@ -311,19 +321,23 @@ DOCS = (
         title="More compute threads than CPUs",
         means=(
             "Each worker may run several compute threads (torch's intra-op pool, OpenCV's, "
-            "`OMP_NUM_THREADS` and the like), and all workers together run far more threads than "
-            "there are usable CPUs: they preempt one another and the main process."
+            "numpy's OpenBLAS or MKL, OpenMP), and all workers together run far more threads "
+            "than there are usable CPUs: they preempt one another and the main process. With no "
+            "variable set, OpenBLAS and OpenMP run one thread per core in every worker."
         ),
         evidence=(
             "From `doctor` and `tune`: read inside the workers after `worker_init_fn`, torch's "
-            "thread count, OpenCV's, and `OMP_NUM_THREADS`, `MKL_NUM_THREADS`, "
-            "`OPENBLAS_NUM_THREADS`, `NUMEXPR_NUM_THREADS`; reported when a worker may run 2 or "
-            "more and workers × threads is at least twice the usable CPUs; with the OS threads "
-            "each worker ran while loading, where measured."
+            "thread count, OpenCV's, the thread pools of the native libraries loaded (OpenBLAS, "
+            "MKL, BLIS, OpenMP, as threadpoolctl reads them), and `OMP_NUM_THREADS`, "
+            "`MKL_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, `NUMEXPR_NUM_THREADS`; reported when a "
+            "worker may run 2 or more and workers × threads is at least twice the usable CPUs; "
+            "with the OS threads each worker ran while loading, where measured."
         ),
         fix=(
             "In `worker_init_fn`: `torch.set_num_threads(1)` (and `cv2.setNumThreads(1)` where "
-            "OpenCV is used); set the thread variables to 1, or unset them."
+            "OpenCV is used, `threadpoolctl.threadpool_limits(1)` where numpy's BLAS or OpenMP "
+            "runs several); the thread variables set to 1 before Python starts. Unset, they "
+            "mean one thread per core: the same oversubscription."
         ),
         severity="warning",
     ),

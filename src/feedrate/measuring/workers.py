@@ -73,7 +73,23 @@ def _look(dataset: Any) -> WorkerView:
         env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
         os_threads=me.num_threads(),
         draws=draws,
+        pools=native_pools(),
     )
+
+
+def native_pools() -> dict[str, int]:
+    """Threads each native library loaded here (OpenBLAS, MKL, OpenMP) runs a call on, as
+    threadpoolctl reads it: with no ``OPENBLAS_NUM_THREADS`` set, OpenBLAS runs one per core
+    in every worker, and no environment variable says so. Empty where none is loaded."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        return {
+            str(p.get("internal_api") or p.get("user_api")): int(p["num_threads"])
+            for p in threadpool_info()
+        }
+    except Exception:  # never the pipeline's problem
+        return {}
 
 
 class _Inspect(Forwarding, Dataset[WorkerView]):
