@@ -311,6 +311,11 @@ def test_shared_rng_from_equal_draws() -> None:
     undrawable = {"g": ("torch.Generator", None)}
     assert checks_dataset.shared_rng_finding([view(0, draws=undrawable)] * 2, 4) is None
     assert checks_dataset.shared_rng_finding([view(0, draws=same)], 4) is None
+    seeded = {"<numpy.random>": ("numpy.random (global)", "99")}
+    common = checks_dataset.shared_rng_finding([view(0, draws=seeded), view(1, draws=seeded)], 2)
+    assert common is not None and "the global generator numpy.random (global)" in common.message
+    assert "np.random.seed(torch.initial_seed() % 2**32)" in common.fix
+    assert "self." not in common.message and "ds." not in common.fix
 
 
 def digests(a: list[str], b: list[str]) -> StreamDigests:
@@ -362,6 +367,7 @@ def test_copy_on_read_needs_growth_and_python_containers() -> None:
         ({"torch_threads": 4}, 0, False),
         # numpy's OpenBLAS with no variable set: one thread per core, no variable says so.
         ({"pools": {"openblas": 2}}, 4, True),
+        ({"pools": {"openblas": 1}}, 8, False),
     ],
 )
 def test_thread_oversubscription(changes: dict[str, Any], workers: int, expected: bool) -> None:

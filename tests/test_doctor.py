@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset, get_worker_info
 
 from feedrate.checks.streams import stream_verdict
 from feedrate.checks.workers import busy_machine_finding
@@ -88,6 +88,31 @@ def test_shared_rng_reseeded_per_worker_is_not_flagged() -> None:
     draws = [v.draws["rng"][1] for v in views]
     assert draws[0] != draws[1]
     assert "shared-rng" not in ids(doctoring.doctor(loader, checks=["shared-rng"], **QUICK))
+
+
+def _seed_numpy_alike(worker_id: int) -> None:
+    np.random.seed(1234)  # the classic mistake: the same seed in every worker
+
+
+def _seed_random_alike(worker_id: int) -> None:
+    random.seed(1234)
+
+
+@pytest.mark.parametrize(
+    ("init", "named"),
+    [(_seed_numpy_alike, "numpy.random (global)"), (_seed_random_alike, "random (global)")],
+)
+def test_a_constant_seed_of_a_global_generator_in_worker_init_fn_is_found(
+    init: Any, named: str
+) -> None:
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), num_workers=2, worker_init_fn=init)
+    found = doctoring.doctor(loader, checks=["shared-rng"], **QUICK).finding("shared-rng")
+    assert found is not None and found.severity == "error"
+    assert f"the global generator {named} is seeded alike" in found.message, found.message
+    assert "torch.initial_seed()" in found.fix
+    # Left to torch, the global generators differ from worker to worker.
+    plain = DataLoader(TensorDataset(torch.arange(8.0)), num_workers=2)
+    assert "shared-rng" not in ids(doctoring.doctor(plain, checks=["shared-rng"], **QUICK))
 
 
 # -- iterable duplicates ----------------------------------------------------------------------
@@ -190,6 +215,36 @@ def test_threads_per_worker_oversubscribe_the_cpus() -> None:
     found = report.finding("thread-oversubscription")
     assert found is not None and "torch 4" in found.message and "2 workers × 4 = 8" in found.message
     plain = DataLoader(TinyDataset(), num_workers=2)
+    assert "thread-oversubscription" not in ids(
+        doctoring.doctor(plain, checks=["thread-oversubscription"], **QUICK)
+    )
+
+
+class BlasDataset(Dataset[torch.Tensor]):
+    """numpy matmuls in __getitem__: OpenBLAS runs its pool's threads in every worker."""
+
+    def __init__(self) -> None:
+        self.proj = np.random.default_rng(0).standard_normal((256, 256))
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.from_numpy((np.full((256, 256), float(index)) @ self.proj).mean(0))
+
+
+def test_numpy_s_blas_threads_in_every_worker_are_found_where_a_sample_starts_them() -> None:
+    from feedrate.measuring.workers import native_pools
+
+    if max(native_pools().values(), default=1) < 2:
+        pytest.skip("numpy's BLAS runs one thread here: nothing to oversubscribe")
+    loader = DataLoader(BlasDataset(), batch_size=4, num_workers=4)
+    found = doctoring.doctor(loader, checks=["thread-oversubscription"], **QUICK).finding(
+        "thread-oversubscription"
+    )
+    assert found is not None and "threadpoolctl.threadpool_limits(1)" in found.fix, found
+    # numpy loaded (this very process), but no BLAS in the samples: its pool never runs.
+    plain = DataLoader(TinyDataset(), num_workers=4)
     assert "thread-oversubscription" not in ids(
         doctoring.doctor(plain, checks=["thread-oversubscription"], **QUICK)
     )

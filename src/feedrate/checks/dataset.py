@@ -113,6 +113,8 @@ _RESEED = {
     "numpy.random.RandomState": "np.random.RandomState(torch.initial_seed() % 2**32)",
     "random.Random": "random.Random(torch.initial_seed())",
     "torch.Generator": "torch.Generator().manual_seed(torch.initial_seed())",
+    "numpy.random (global)": "np.random.seed(torch.initial_seed() % 2**32)",
+    "random (global)": "random.seed(torch.initial_seed())",
 }
 
 
@@ -133,7 +135,8 @@ def shared_rng_finding(views: list[WorkerView], workers: int) -> Finding | None:
     shared = shared_generators(views)
     if not shared:
         return None
-    named = ", ".join(f"{_attr(p)} ({kind})" for p, kind, _ in shared)
+    held = [(p, kind) for p, kind, _ in shared if not p.startswith("<")]
+    common = [kind for p, kind, _ in shared if p.startswith("<")]
     ids = " and ".join(str(v.worker_id) for v in views)
     now = workers >= 2
     effect = (
@@ -142,16 +145,29 @@ def shared_rng_finding(views: list[WorkerView], workers: int) -> Finding | None:
         else "so with 2 or more workers every worker would produce the same 'random' "
         "augmentations (and without persistent_workers each epoch repeats the last)"
     )
-    reseed = "; ".join(f"ds.{p} = {_RESEED[kind]}" for p, kind, _ in shared)
+    what, fixes = [], []
+    if held:
+        named = ", ".join(f"{_attr(p)} ({kind})" for p, kind in held)
+        what.append(
+            f"the dataset holds its own random generator {named}, created before the workers start"
+        )
+        reseed = "; ".join(f"ds.{p} = {_RESEED[kind]}" for p, kind in held)
+        fixes.append(f"ds = torch.utils.data.get_worker_info().dataset; {reseed}")
+    if common:
+        what.append(
+            f"the global generator {' and '.join(common)} is seeded alike in every "
+            "worker (torch seeds it per worker: a constant seed in worker_init_fn undoes "
+            "that)"
+        )
+        fixes.append("; ".join(_RESEED[kind] for kind in common))
     return Finding(
         "shared-rng",
         "error" if now else "warning",
-        f"the dataset holds its own random generator {named}, created before the workers "
-        f"start: workers {ids} each drew {shared[0][2]} from it right after worker_init_fn, "
-        f"{effect}",
-        "seed it per worker: def worker_init_fn(worker_id): "
-        f"ds = torch.utils.data.get_worker_info().dataset; {reseed}  "
-        "(DataLoader(..., worker_init_fn=worker_init_fn); or call this from yours)",
+        f"{'; '.join(what)}: workers {ids} each drew {shared[0][2]} from it right after "
+        f"worker_init_fn, {effect}",
+        f"seed it per worker: def worker_init_fn(worker_id): {'; '.join(fixes)}  "
+        "(DataLoader(..., worker_init_fn=worker_init_fn); or call this from yours, in place "
+        "of a constant seed)",
     )
 
 
@@ -168,7 +184,8 @@ def _env_threads(env: dict[str, str]) -> tuple[int, str | None]:
 
 
 def worker_threads(view: WorkerView) -> tuple[int, list[str]]:
-    """Compute threads one worker may run at once, and where that number comes from."""
+    """Compute threads one worker may run at once, and where that number comes from (a native
+    library's pool where a sample started its threads: ``WorkerView.pools``)."""
     sources = [(view.torch_threads, f"torch {view.torch_threads}")]
     if view.cv2_threads is not None:
         sources.append((view.cv2_threads, f"OpenCV {view.cv2_threads}"))
@@ -187,14 +204,12 @@ def thread_finding(
     """Threads per worker × workers well above the usable CPUs."""
     if not views or workers == 0:
         return None
+    most = max(w.os_threads for w in run.workers) if run is not None and run.workers else None
     per_worker, sources = max((worker_threads(v) for v in views), key=lambda x: x[0])
     total = per_worker * workers
     if per_worker < 2 or total < OVERSUBSCRIBED * cpus:
         return None
-    running = ""
-    if run is not None and run.workers:
-        most = max(w.os_threads for w in run.workers)
-        running = f"; worker processes ran up to {most} OS threads each while loading"
+    running = f"; worker processes ran up to {most} OS threads each while loading" if most else ""
     fixes = ["torch.set_num_threads(1)"]
     if any(s.startswith("OpenCV") for s in sources):
         fixes.append("cv2.setNumThreads(1)")
@@ -296,14 +311,16 @@ DOCS = (
         title="Every worker draws the same random numbers",
         means=(
             "The dataset holds its own random generator (numpy's, `random.Random` or a "
-            "`torch.Generator`), created before the workers start. Each worker gets a copy in the "
-            "same state, so all workers produce the same 'random' augmentations, and without "
-            "`persistent_workers` each epoch repeats the last."
+            "`torch.Generator`), created before the workers start, or a `worker_init_fn` seeds "
+            "numpy's or Python's global generator with a constant (torch seeds them per worker; "
+            "that undoes it). Each worker draws the same numbers, so all workers produce the "
+            "same 'random' augmentations, and without `persistent_workers` each epoch repeats "
+            "the last."
         ),
         evidence=(
             "From `doctor` and `tune`: inside 2 workers, right after `worker_init_fn`, one draw "
-            "from each generator found on the dataset; reported when every worker drew the same "
-            "value."
+            "from each generator found on the dataset, and from numpy's and Python's global "
+            "ones; reported when every worker drew the same value."
         ),
         fix=(
             "Seed it per worker: `def worker_init_fn(worker_id): ds = "
@@ -328,7 +345,8 @@ DOCS = (
         evidence=(
             "From `doctor` and `tune`: read inside the workers after `worker_init_fn`, torch's "
             "thread count, OpenCV's, the thread pools of the native libraries loaded (OpenBLAS, "
-            "MKL, BLIS, OpenMP, as threadpoolctl reads them), and `OMP_NUM_THREADS`, "
+            "MKL, BLIS, OpenMP, as threadpoolctl reads them, where one sample started their "
+            "threads: a pool loaded but never called costs nothing), and `OMP_NUM_THREADS`, "
             "`MKL_NUM_THREADS`, `OPENBLAS_NUM_THREADS`, `NUMEXPR_NUM_THREADS`; reported when a "
             "worker may run 2 or more and workers × threads is at least twice the usable CPUs; "
             "with the OS threads each worker ran while loading, where measured."

@@ -63,6 +63,7 @@ def _look(dataset: Any) -> WorkerView:
     me = psutil.Process()
     cv2 = sys.modules.get("cv2")  # only when the pipeline imported it
     draws = {path: (kind, draw(gen)) for path, kind, gen in generators(dataset)}
+    draws.update(global_draws())
     return WorkerView(
         worker_id=-1 if info is None else info.id,
         pid=os.getpid(),
@@ -73,8 +74,37 @@ def _look(dataset: Any) -> WorkerView:
         env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
         os_threads=me.num_threads(),
         draws=draws,
-        pools=native_pools(),
+        pools=_used_pools(dataset, me),
     )
+
+
+def _used_pools(dataset: Any, me: psutil.Process) -> dict[str, int]:
+    """``native_pools``, where one sample of a map-style dataset made this worker start threads
+    (its draws taken first): a forked worker starts without a pool's threads and only a call
+    into the library starts them, so a pool loaded but never called here (numpy imported, no
+    BLAS in ``__getitem__``) costs nothing and is left out. Never the pipeline's problem."""
+    pools = native_pools()
+    if not pools or isinstance(dataset, IterableDataset):
+        return {}
+    try:
+        before = me.num_threads()
+        dataset[0]
+        return pools if me.num_threads() > before else {}
+    except Exception:
+        return {}
+
+
+def global_draws() -> dict[str, tuple[str, str | None]]:
+    """One draw from numpy's global generator (where the pipeline imported numpy) and Python's:
+    torch seeds both apart in every worker, and a ``worker_init_fn`` that seeds them with a
+    constant makes every worker draw alike again (an inspection worker's draws are its own)."""
+    found: dict[str, tuple[str, str | None]] = {
+        "<random>": ("random (global)", str(random.getrandbits(62)))
+    }
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        found["<numpy.random>"] = ("numpy.random (global)", str(numpy.random.randint(0, 2**31 - 1)))
+    return found
 
 
 def native_pools() -> dict[str, int]:

@@ -24,7 +24,8 @@ class WorkerView:
     os_threads: int
     draws: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     #: The thread pools of the native libraries loaded (OpenBLAS, MKL, OpenMP), as
-    #: threadpoolctl reads them: library → threads it runs a call on.
+    #: threadpoolctl reads them, where one sample started their threads: library → threads
+    #: it runs a call on.
     pools: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
