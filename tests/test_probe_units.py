@@ -23,6 +23,7 @@ from feedrate.loader.batches import count_samples, sample_counter
 from feedrate.loader.config import LoaderConfig
 from feedrate.measuring.measure import measure, warmup_batches
 from feedrate.measuring.processes import ProcessProbe, shm_used_bytes
+from feedrate.render.text import plus_minus
 from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.units import rate
 
@@ -389,3 +390,8 @@ def test_a_stopped_probe_does_not_finish_its_pass_over_the_workers_memory() -> N
 )
 def test_a_rate_reads_in_plain_digits(value: float, words: str) -> None:
     assert rate(value) == words
+
+
+def test_a_rate_of_one_window_claims_no_precision() -> None:
+    assert plus_minus(0.0, 1) == "(1 window: no ±)"
+    assert plus_minus(0.021, 4) == "± 2.1%" and plus_minus(0.021) == "± 2.1%"

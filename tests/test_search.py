@@ -337,7 +337,7 @@ def test_an_answer_with_no_workers_measured_is_no_verdict_on_them() -> None:
     waits = make_trial(LoaderConfig(0), "yours", Figures(1.0, 0.01, 0), None)
     cut = Trial(LoaderConfig(2, prefetch_factor=2), "next", skipped="over the budget")
     why = advice.reason(space(), waits, waits, None, [waits, cut])
-    assert why.startswith("Only num_workers=0 was measured within the budget (1 samples/s)")
+    assert why.startswith("Only num_workers=0 was measured within the budget (1.0 samples/s)")
     assert "no verdict on workers" in why and "cost more" not in why
     tried = make_trial(LoaderConfig(2), "w", Figures(0.9, 0.01, 0.01), None)
     why = advice.reason(space(), waits, waits, None, [waits, tried])

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from feedrate.errors import UserError
-from feedrate.render.text import plus_minus, rate
+from feedrate.render.text import noise_of, rate
 
 
 def _width(stream: Any) -> int | None:
@@ -184,7 +184,7 @@ class TuneProgress:
         if t.skipped or t.error:
             what = f"skipped: {t.skipped}" if t.skipped else f"failed: {t.error}"
         else:
-            what = f"{rate(t.median)} samples/s {plus_minus(t.noise)}"
+            what = f"{rate(t.median)} samples/s {noise_of(t)}"
         self.bar.console.print(
             f"  {t.config.label():32s} {what}  [dim]({t.reason})[/dim]", highlight=False
         )

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from feedrate.render.ranks import measured_ranks_rows, ranks_rows
-from feedrate.render.text import plus_minus, rate, size
+from feedrate.render.text import noise_of, plus_minus, rate, size
 from feedrate.results.doctor import Report
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.measurement import Measurement
@@ -113,7 +113,7 @@ def measurement_summary(m: Measurement) -> Table:
         ("warm-up", f"{w.warmup_batches} batches discarded ({w.warmup_s:.2f} s after the first)"),
         (
             "steady state",
-            f"{rate(m.samples_per_s)} samples/s {plus_minus(s.rel_se)}  "
+            f"{rate(m.samples_per_s)} samples/s {plus_minus(s.rel_se, len(s.windows))}  "
             f"({rate(m.batches_per_s)} batches/s)",
         ),
         (
@@ -166,8 +166,7 @@ def _trial_row(t: Trial, best: Trial, baseline: Trial) -> tuple[str, ...]:
     return (
         label,
         t.reason,
-        f"{rate(t.median)} {plus_minus(t.noise)}"
-        + (f" ({t.repeats} runs)" if t.repeats > 1 else ""),
+        f"{rate(t.median)} {noise_of(t)}" + (f" ({t.repeats} runs)" if t.repeats > 1 else ""),
         f"{t.main_cpu:.0%} / {t.workers_cpu:.0%}",
         size(t.memory_bytes) if t.memory_bytes else "-",
         f"{t.startup_s:.2f}",
@@ -218,7 +217,7 @@ def _measured_line(result: TuneResult) -> str:
     theirs = f", counting its {result.baseline_restart_s:.2f} s restart every epoch"
     theirs = theirs if r(result.baseline_rate) != r(base.median) else ""
     return (
-        f"{rate(best.median)} samples/s {plus_minus(best.noise)}{own} ({result.speedup:.2f}× "
+        f"{rate(best.median)} samples/s {noise_of(best)}{own} ({result.speedup:.2f}× "
         f"your {rate(result.baseline_rate)} samples/s with {base.config.label()}{theirs})"
     )
 
@@ -293,7 +292,7 @@ def _doctor_trial_row(t: Trial, report: Report) -> tuple[str, ...]:
     return (
         label,
         t.reason,
-        f"{rate(t.median)} {plus_minus(t.noise)}{runs}",
+        f"{rate(t.median)} {noise_of(t)}{runs}",
         f"{t.main_cpu:.0%} / {t.workers_cpu:.0%}",
         stall,
         "",

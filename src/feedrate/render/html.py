@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from feedrate.render.plot import consumer_rate, png_bytes
-from feedrate.render.text import plus_minus, rate, size
+from feedrate.render.text import noise_of, rate, size
 from feedrate.results.findings import SEVERITY_ORDER, Finding
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
@@ -114,7 +114,7 @@ def _recommendation(result: TuneResult) -> str:
     lines = [
         '<section class="reco">',
         f'<p class="big">Use <strong>{_e(best.config.label())}</strong>: '
-        f"{_e(rate(best.median))} samples/s {plus_minus(best.noise)}{_best_restart(result)}</p>",
+        f"{_e(rate(best.median))} samples/s {noise_of(best)}{_best_restart(result)}</p>",
         _versus(result),
         f"<p>{_e(result.reason)}</p>",
     ]

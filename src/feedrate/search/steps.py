@@ -47,7 +47,7 @@ from feedrate.search.space import (
 
 
 def _anchor_none(space: Space, trials: list[Trial]) -> Proposal | None:
-    why = "no workers: cheap samples are fastest without inter-process copies"
+    why = "no workers: what inter-process copies cost (cheap samples are fastest without)"
     return with_workers(space.baseline, 0), why
 
 
