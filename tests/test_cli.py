@@ -289,7 +289,7 @@ def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_p
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--rate", "0"], "--rate must be a positive number of samples/s, got 0"),
+        (["--rate", "0"], "'--rate': '0' is not a finite number above 0"),
         (["--budget-s", "1"], "too short to measure anything"),
         (["--memory-limit", "lots"], "is not a size"),
         (["--rate", "10", "--step-time", "1"], "at most one"),

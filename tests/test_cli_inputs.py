@@ -63,13 +63,13 @@ def target(tmp_path: Path) -> Path:
             lambda t, d: ["--json", "/proc/feedrate.json"],
             "the folder /proc is not writable",
         ),
-        (fault("rate-nan"), lambda t, d: ["--rate", "nan"], "--rate must be a positive number"),
+        (fault("rate-nan"), lambda t, d: ["--rate", "nan"], "'--rate': 'nan' is not a finite"),
         (
             fault("step-time-inf"),
             lambda t, d: ["--step-time", "inf"],
-            "--step-time must be a positive",
+            "'--step-time': 'inf' is not a finite number above 0",
         ),
-        (fault("budget-nan"), lambda t, d: ["--budget-s", "nan"], "--budget-s must be a number"),
+        (fault("budget-nan"), lambda t, d: ["--budget-s", "nan"], "'--budget-s': 'nan' is not"),
         (fault("budget-too-short"), lambda t, d: ["--budget-s", "1"], "--budget-s=1 is too short"),
         (
             fault("memory-limit-words"),
@@ -218,3 +218,18 @@ def test_seconds_of_any_real_number_type_are_taken() -> None:
     for bad in (True, 0, -1.0, float("nan"), float("inf"), "5"):
         with pytest.raises(UserError, match="seconds must be a positive, finite duration"):
             check_seconds(bad, "seconds")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "args", [["--rate", "-5"], ["--budget-s", "0"], ["--step-time", "inf"]], ids=str
+)
+def test_a_bad_number_is_refused_before_the_target_is_imported(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str]
+) -> None:
+    # Importing a TARGET may build its dataset for minutes: a typo must not cost that first.
+    marker = tmp_path / "imported"
+    target = tmp_path / "slow.py"
+    target.write_text(f"open({str(marker)!r}, 'w').close()\nloader = None\n")
+    code, _, err = run(capsys, "tune", f"{target}:loader", *args)
+    assert code == 2 and "is not a finite number above 0" in err, err
+    assert not marker.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from feedrate import __version__
-from feedrate.cli.options import consumer_options, device_option, file_option
+from feedrate.cli.options import POSITIVE, consumer_options, device_option, file_option
 from feedrate.cli.output import (
     TuneProgress,
     check_outputs,
@@ -165,7 +165,7 @@ _BUDGET_HELP = "Seconds the search may take, start-up included (the checks after
 @cli.command()
 @click.argument("target")
 @consumer_options
-@click.option("--budget-s", type=float, default=60.0, show_default=True, help=_BUDGET_HELP)
+@click.option("--budget-s", type=POSITIVE, default=60.0, show_default=True, help=_BUDGET_HELP)
 @click.option(
     "--timeout",
     "timeout_s",
@@ -222,8 +222,8 @@ def tune(
 
     check_outputs(target, json=json_path, plot=plot_path, html=html_path)
     limit = parse_size(memory_limit, "memory_limit") if memory_limit is not None else None
+    step = load_step(step_spec) if step_spec else None  # before the (slower) target
     loader = load(target)
-    step = load_step(step_spec) if step_spec else None
     with TuneProgress(budget_s) as progress:
         result = run_tune(
             loader,
@@ -297,8 +297,8 @@ def doctor(
 
     wanted_checks(check_ids or None)
     check_outputs(target, json=json_path)
+    step = load_step(step_spec) if step_spec else None  # before the (slower) target
     loader = load(target)
-    step = load_step(step_spec) if step_spec else None
     with err.status(f"doctor: examining {target} …", spinner="dots") as status:
         report = run_doctor(
             loader,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -46,6 +47,33 @@ def device_option(fn: F) -> F:
     )(fn)
 
 
+if TYPE_CHECKING:  # generic from click 8.2 on; the package accepts 8.1
+    _FloatParam = click.ParamType[float]
+else:
+    _FloatParam = click.ParamType
+
+
+class Positive(_FloatParam):
+    """A finite number above zero, checked as the command line is read: before the TARGET,
+    whose import may take minutes (a dataset built at import), not after it."""
+
+    name = "number > 0"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number <= 0:
+            self.fail(f"{value!r} is not a finite number above 0", param, ctx)
+        return number
+
+
+POSITIVE = Positive()
+
+
 def consumer_options(fn: F) -> F:
     """--rate, --step-time and --step: what the loader must keep up with (tune and doctor)."""
     fn = click.option(
@@ -54,7 +82,7 @@ def consumer_options(fn: F) -> F:
         metavar="FILE:FUNC",
         help="A real training step: a callable taking a batch.",
     )(fn)
-    fn = click.option("--step-time", type=float, help="Consumer pace in seconds per batch.")(fn)
+    fn = click.option("--step-time", type=POSITIVE, help="Consumer pace in seconds per batch.")(fn)
     return click.option(
-        "--rate", type=float, help="Consumer pace in samples/s (a simulated accelerator)."
+        "--rate", type=POSITIVE, help="Consumer pace in samples/s (a simulated accelerator)."
     )(fn)
