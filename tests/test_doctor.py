@@ -107,8 +107,9 @@ def test_a_constant_seed_of_a_global_generator_in_worker_init_fn_is_found(
 ) -> None:
     loader = DataLoader(TensorDataset(torch.arange(8.0)), num_workers=2, worker_init_fn=init)
     found = doctoring.doctor(loader, checks=["shared-rng"], **QUICK).finding("shared-rng")
-    assert found is not None and found.severity == "error"
+    assert found is not None and found.severity == "warning"  # harmless unless transforms draw
     assert f"the global generator {named} is seeded alike" in found.message, found.message
+    assert "where your transforms draw from it" in found.message
     assert "torch.initial_seed()" in found.fix
     # Left to torch, the global generators differ from worker to worker.
     plain = DataLoader(TensorDataset(torch.arange(8.0)), num_workers=2)

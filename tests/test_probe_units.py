@@ -171,6 +171,16 @@ def test_sample_counter_defaults_to_batch_size() -> None:
     assert counter(object()) == 16
 
 
+def test_samples_of_text_alone_through_an_identity_collate_fn_count_by_the_batch() -> None:
+    # A list of (caption, path) samples from collate_fn=lambda b: b, partial or under a batch
+    # sampler: a tuple of strings there is a sample, not default_collate's text field.
+    samples = [("a cat", "1.jpg"), ("a dog", "2.jpg"), ("a cow", "3.jpg")]
+    loader = DataLoader(samples, batch_size=8, collate_fn=lambda b: b)
+    assert sample_counter(loader)(samples) == 3
+    assert count_samples(samples, 8, collated=False) == 3
+    assert count_samples(default_collate(samples), 8) == 3  # collated: fields of 3
+
+
 @pytest.mark.parametrize(
     "batch",
     [
@@ -386,7 +396,15 @@ def test_a_stopped_probe_does_not_finish_its_pass_over_the_workers_memory() -> N
 
 
 @pytest.mark.parametrize(
-    ("value", "words"), [(1570.4, "1,570"), (100.0, "100"), (93.44, "93.4"), (0.5123, "0.5")]
+    ("value", "words"),
+    [
+        (1570.4, "1,570"),
+        (100.0, "100"),
+        (93.44, "93.4"),
+        (0.5123, "0.512"),
+        (0.0412, "0.0412"),
+        (0.0, "0.0"),
+    ],
 )
 def test_a_rate_reads_in_plain_digits(value: float, words: str) -> None:
     assert rate(value) == words

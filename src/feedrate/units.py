@@ -80,8 +80,11 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def rate(value: float) -> str:
-    """Samples/s with thousands separators (one decimal below 100): 1,570, not 1.57e+03."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+    """Samples/s with thousands separators, one decimal below 100, three significant digits
+    below 1: 1,570 (not 1.57e+03), 93.4, 0.0412 (not 0.0)."""
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.1f}" if value >= 1 or value <= 0 else f"{value:.3g}"
 
 
 def counted(n: int, noun: str) -> str:

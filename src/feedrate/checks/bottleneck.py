@@ -176,7 +176,7 @@ def bottleneck_finding(
         return Finding("bottleneck", "info", message, _HELPS[kind])
     subject = pace.subject()
     helps = _HELPS[kind]
-    if kind == "no-workers":
+    if kind == "no-workers" or (kind == "main-process" and subject.config.num_workers == 0):
         helps = "move the work into worker processes: DataLoader(..., num_workers=N)"
     message = (
         f"data-bound: the consumer waits for data {stall:.0%} of the time ({seen}); "

@@ -160,9 +160,14 @@ def shared_rng_finding(views: list[WorkerView], workers: int) -> Finding | None:
             "that)"
         )
         fixes.append("; ".join(_RESEED[kind] for kind in common))
+    # A global generator seeded alike costs only where the transforms draw from it (numpy's
+    # or Python's random; torch's own are seeded apart): said as a warning, with that if.
+    severe = now and bool(held)
+    if common and not held:
+        effect += " where your transforms draw from it (np.random.*, random.*)"
     return Finding(
         "shared-rng",
-        "error" if now else "warning",
+        "error" if severe else "warning",
         f"{'; '.join(what)}: workers {ids} each drew {shared[0][2]} from it right after "
         f"worker_init_fn, {effect}",
         f"seed it per worker: def worker_init_fn(worker_id): {'; '.join(fixes)}  "
@@ -330,7 +335,8 @@ DOCS = (
         ),
         severity=(
             "error with `num_workers` ≥ 2; warning with fewer (the same augmentations would come "
-            "with 2 or more)"
+            "with 2 or more), and for a global generator alone (it costs only where the "
+            "transforms draw from it)"
         ),
     ),
     FindingDoc(

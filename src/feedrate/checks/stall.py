@@ -42,6 +42,11 @@ _FIX: dict[str, str] = {
 def _fix(ld: LoaderRun, kind: str) -> str:
     """The fix for a bottleneck of ``kind``; where none stood out, the doctor on the loader,
     by its name where the run found one."""
+    if kind == "main-process" and ld.config.num_workers:  # the main thread busy receiving
+        return (
+            "cheapen what the main process does per batch: collation (a collate_fn that builds "
+            "one tensor), unpickling, pinning; fewer bytes per batch through shared memory"
+        )
     if kind in _FIX and kind != "unknown":
         return _FIX[kind]
     return f"feedrate doctor {ld.name}" if ld.name else _FIX["unknown"]

@@ -81,7 +81,7 @@ def env(json_path: Path | None) -> None:
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     help="Measure this many seconds of steady state (default 10); the whole run, start-up and "
     "epoch restarts included, stops by twice that, or that past the start-up if longer.",
 )
@@ -96,7 +96,7 @@ def env(json_path: Path | None) -> None:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=60.0,
     show_default=True,
     help="Give up when no batch arrives for this many seconds.",
@@ -169,7 +169,7 @@ _BUDGET_HELP = "Seconds the search may take, start-up included (the checks after
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=60.0,
     show_default=True,
     help="Stop a trial as hung when no batch arrives for this many seconds (or for what is "
@@ -222,8 +222,8 @@ def tune(
 
     check_outputs(target, json=json_path, plot=plot_path, html=html_path)
     limit = parse_size(memory_limit, "memory_limit") if memory_limit is not None else None
-    step = load_step(step_spec) if step_spec else None  # before the (slower) target
     loader = load(target)
+    step = load_step(step_spec) if step_spec else None
     with TuneProgress(budget_s) as progress:
         result = run_tune(
             loader,
@@ -258,7 +258,7 @@ def tune(
 )
 @click.option(
     "--trial-seconds",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=1.5,
     show_default=True,
     help="Seconds of steady state per configuration measured.",
@@ -266,7 +266,7 @@ def tune(
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=30.0,
     show_default=True,
     help="Stop a step as hung when no batch arrives for this many seconds.",
@@ -297,8 +297,8 @@ def doctor(
 
     wanted_checks(check_ids or None)
     check_outputs(target, json=json_path)
-    step = load_step(step_spec) if step_spec else None  # before the (slower) target
     loader = load(target)
+    step = load_step(step_spec) if step_spec else None
     with err.status(f"doctor: examining {target} …", spinner="dots") as status:
         report = run_doctor(
             loader,

@@ -57,7 +57,7 @@ class Positive(_FloatParam):
     """A finite number above zero, checked as the command line is read: before the TARGET,
     whose import may take minutes (a dataset built at import), not after it."""
 
-    name = "number > 0"
+    name = "float"  # the metavar in --help: FLOAT, as click writes its own
 
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None

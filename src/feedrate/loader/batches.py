@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from feedrate.loader.libraries import batches_items
 from feedrate.loader.rebuild import (
@@ -16,32 +16,34 @@ from feedrate.loader.rebuild import (
 )
 
 
-def count_samples(batch: Any, default: int = 1) -> int:
+def count_samples(batch: Any, default: int = 1, collated: bool = True) -> int:
     """Samples in a collated batch: the leading dimension of its first tensor or array (looking
     into sequences and mappings), else the length of a sequence of plain items, else ``default``.
 
     A list whose items are samples rather than collated fields (an identity ``collate_fn``) is
     counted by its length: default_collate emits no 0-d tensor as a field, and a tuple only of
     strings or bytes (a text field: the samples' own, as ``zip`` paired them), so a head that is
-    either other kind marks a list of samples; so does a list exactly ``default`` long."""
+    either other kind marks a list of samples; so does a list exactly ``default`` long. Not
+    ``collated`` by default_collate (a ``collate_fn`` of the user's), a tuple of strings is a
+    sample like any other tuple."""
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) > 0 else default
     if isinstance(batch, Mapping):
         first = next(iter(batch.values()), None)
-        return default if first is None else count_samples(first, default)
+        return default if first is None else count_samples(first, default, collated)
     if isinstance(batch, Sequence) and not isinstance(batch, str | bytes):
         if not batch:
             return default
         head = batch[0]
         head_shape = getattr(head, "shape", None)
-        text = _text_field(head)
+        text = collated and _text_field(head)
         if text and _fields_of(batch, len(head), default):
             return len(head)
         if len(batch) == default > 1 or (isinstance(head, tuple) and not text) or head_shape == ():
             return len(batch)
         nested = head_shape is not None or isinstance(head, Mapping | list) or text
-        return count_samples(head, default) if nested else len(batch)
+        return count_samples(head, default, collated) if nested else len(batch)
     return default
 
 
@@ -125,7 +127,8 @@ def sample_counter(loader: DataLoader[Any]) -> Callable[[Any], int]:
         batched = batches_items(loader.dataset)
         return lambda item: item_samples(item, batched)
     default = loader.batch_size or 1
-    return lambda batch: count_samples(batch, default)
+    collated = loader.collate_fn is default_collate
+    return lambda batch: count_samples(batch, default, collated)
 
 
 def epoch_length(loader: DataLoader[Any]) -> int | None:

@@ -93,10 +93,18 @@ def fingerprint(loader: DataLoader[Any]) -> dict[str, Any]:
         "worker_init_fn": _name(loader.worker_init_fn),
         "start_method": ctx if ctx is None or isinstance(ctx, str) else ctx.get_start_method(),
         # Bounded and the same in every run: no data, no addresses (see ``identity``).
-        "state": state_digest(
-            dataset, loader.sampler, loader.batch_sampler, loader.collate_fn, loader.worker_init_fn
-        ),
+        "state": _state(loader),
     }
+
+
+def _state(loader: DataLoader[Any]) -> str:
+    """``identity.state_digest`` of what the loader holds; "unreadable" where it fails (a key
+    never fails a run: such a pipeline is told apart by the rest of its fingerprint only)."""
+    try:
+        parts = (loader.dataset, loader.sampler, loader.batch_sampler, loader.collate_fn)
+        return state_digest(*parts, loader.worker_init_fn)
+    except Exception:
+        return "unreadable"
 
 
 def tune_options(

@@ -170,13 +170,16 @@ class _Walk:
             size = obj.nbytes if isinstance(obj, memoryview) else len(obj)
             return _text(bytes(obj)) if size <= MAX_TEXT else [type(obj).__name__, size]
         if isinstance(obj, (complex, enum.Enum, os.PathLike, types.ModuleType, type)):
-            return self._named(obj)
+            try:
+                return self._named(obj)
+            except Exception:  # a path whose __fspath__ raises: a key never fails a run
+                return ["unreadable", qualified_name(type(obj))]
         if id(obj) in self.seen:
             return ["ref", self.seen[id(obj)]]
+        if depth >= MAX_DEPTH:  # not remembered: met again nearer the top, it is walked there
+            return ["deeper", qualified_name(type(obj))]
         self.seen[id(obj)] = len(self.seen)
         self.alive.append(obj)
-        if depth >= MAX_DEPTH:
-            return ["deeper", qualified_name(type(obj))]
         try:
             return self._compound(obj, depth + 1)
         except Exception:  # a property or a container that fails: a key never fails a run

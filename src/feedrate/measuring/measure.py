@@ -362,7 +362,7 @@ def _notes(
 
 def deadline_note(t: windows.Timeline, plan: windows.WindowPlan) -> str:
     """Why the steady state is shorter than asked: the deadline, and what ate into it."""
-    measured = sum(w.seconds for w in t.windows)
+    measured = sum(w.seconds for w in rates.steady(t.windows))  # as the totals reported
     asked = f"of the {plan.seconds:g} s asked for" if plan.seconds is not None else "in all"
     spent = f"start-up ({t.startup_s:.2f} s) counts"
     if t.epoch_restart_s:

@@ -79,19 +79,23 @@ def _look(dataset: Any) -> WorkerView:
 
 
 def _used_pools(dataset: Any, me: psutil.Process) -> dict[str, int]:
-    """``native_pools``, where one sample of a map-style dataset made this worker start threads
-    (its draws taken first): a forked worker starts without a pool's threads and only a call
-    into the library starts them, so a pool loaded but never called here (numpy imported, no
-    BLAS in ``__getitem__``) costs nothing and is left out. Never the pipeline's problem."""
+    """``native_pools``, where one sample of a map-style dataset made this worker start as many
+    threads as a pool runs besides the caller (its draws taken first): a forked worker starts
+    without a pool's threads and only a call into the library starts them, so a pool loaded but
+    never called here (numpy imported, no BLAS in ``__getitem__``) costs nothing and is left
+    out. Never the pipeline's problem."""
     pools = native_pools()
     if not pools or isinstance(dataset, IterableDataset):
         return {}
     try:
         before = me.num_threads()
         dataset[0]
-        return pools if me.num_threads() > before else {}
+        started = me.num_threads() - before
     except Exception:
         return {}
+    # A pool of n runs a call on the caller and n - 1 threads of its own: those must have
+    # started (threads of other kinds, an I/O loop, a client's pool, are not the library's).
+    return {lib: n for lib, n in pools.items() if n > 1 and started >= n - 1}
 
 
 def global_draws() -> dict[str, tuple[str, str | None]]:
@@ -261,8 +265,10 @@ def _loader_like(
 
 
 def inspect_workers(loader: DataLoader[Any], *, timeout_s: float = 30.0) -> list[WorkerView]:
-    """A look inside each of 2 workers right after the user's ``worker_init_fn`` (the dataset's
-    own items are not loaded). Raises ``PipelineError`` when the workers fail to start."""
+    """A look inside each of 2 workers right after the user's ``worker_init_fn`` (its random
+    draws taken first; then, where a native thread pool is loaded, one item of a map-style
+    dataset, to see whether it starts the pool: ``_used_pools``). Raises ``PipelineError`` when
+    the workers fail to start."""
     probe = _Inspect(loader.dataset, _feedrate_count=WORKERS)
     views: list[WorkerView] = []
     with Workers(_loader_like(loader, probe, timeout_s, prefetch_factor=1), timeout_s) as it:

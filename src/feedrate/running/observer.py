@@ -112,7 +112,8 @@ class Watch:
             else:
                 self.restarts.append(wait)
         else:
-            here = self.config.num_workers == 0 and self.tuner is None  # made in next()
+            lane = getattr(self.tuner, "config", None) or self.config  # autotune's, if any
+            here = lane.num_workers == 0  # the batch is made in next(): its queue is the data's
             wait, step = runqueue.split(t1 - t0, t0 - self.last, 0.0 if here else queued)
         self.wait += wait
         self.step += step

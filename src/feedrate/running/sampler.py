@@ -40,7 +40,8 @@ def read_at_shutdown(sampler: Callable[[], Sampler | None]) -> None:
                 taker.last_reading(self)
         except Exception:
             pass
-        own(self)
+        finally:
+            own(self)  # whatever happened above (a Ctrl-C too), the workers are shut down
 
     cls._shutdown_workers = _shutdown_workers
     cls.__feedrate_run__ = True
@@ -129,11 +130,14 @@ class Sampler:
             if handle is None:
                 continue
             try:
+                # Counters only grow: the larger reading wins (the sampler's thread and the
+                # last reading at shutdown may store theirs in either order).
                 t = handle.cpu_times()
-                watch.worker_cpu[pid] = float(t.user + t.system)
+                cpu = float(t.user + t.system)
+                watch.worker_cpu[pid] = max(cpu, watch.worker_cpu.get(pid, 0.0))
                 queued = runq_wait(pid)
                 if queued is not None:
-                    watch.worker_runq[pid] = queued
+                    watch.worker_runq[pid] = max(queued, watch.worker_runq.get(pid, 0.0))
                 if memory:
                     info = handle.memory_full_info()
                     uss += int(getattr(info, "uss", 0))
@@ -142,7 +146,8 @@ class Sampler:
                 continue
         if watch.busy_first is None:
             watch.busy_first = busy
-        watch.busy_last = busy
+        if watch.busy_last is None or busy[0] > watch.busy_last[0]:
+            watch.busy_last = busy
         if memory and uss:
             watch.worker_uss = max(watch.worker_uss or 0, uss)
             watch.worker_pss = max(watch.worker_pss or 0, pss) if pss else watch.worker_pss
