@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
-from feedrate.machine.identity import state_digest
+from feedrate.machine.identity import file_digest, state_digest
 
 #: Machine facts that change the answer; the free memory of the moment does not.
 _MACHINE_KEYS = (
@@ -48,13 +48,12 @@ def cache_dir() -> Path:
 
 
 def _source_digest(obj: Any) -> str | None:
+    """``identity.file_digest`` of the file that defines ``obj``'s class (or ``obj``)."""
     try:
         path = inspect.getsourcefile(obj if inspect.isclass(obj) else type(obj))
     except (TypeError, OSError):
         return None
-    if not path or not os.path.isfile(path):
-        return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    return file_digest(path)
 
 
 def _name(obj: Any) -> str | None:
