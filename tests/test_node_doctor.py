@@ -9,6 +9,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -302,8 +303,9 @@ dist.destroy_process_group()
 """
 
 
-def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
-    (tmp_path / "job.py").write_text(JOB, encoding="utf-8")
+def two_ranks(tmp_path: Path, script: str) -> tuple[Any, list[Report]]:
+    """``script`` run by ``torchrun --nproc-per-node 2``, and the report each rank wrote."""
+    (tmp_path / "job.py").write_text(script, encoding="utf-8")
     tests = Path(__file__).resolve().parent
     env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": pythonpath(tests)}
     run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
@@ -312,6 +314,11 @@ def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
     reports = [
         Report.from_json((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)
     ]
+    return done, reports
+
+
+def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
+    done, reports = two_ranks(tmp_path, JOB)
     node = [[f for f in rep.findings if f.id in NODE_CHECKS] for rep in reports]
     assert node[0] == node[1]
     found = {f.id: f for f in node[0]}
@@ -346,15 +353,7 @@ dist.destroy_process_group()
 
 
 def test_a_rank_whose_pipeline_raises_is_named_in_every_rank_s_report(tmp_path: Path) -> None:
-    (tmp_path / "broken.py").write_text(BROKEN, encoding="utf-8")
-    tests = Path(__file__).resolve().parent
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path), "PYTHONPATH": pythonpath(tests)}
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    done = run_job([*run, "2", "broken.py", str(tmp_path)], timeout_s=240, env=env, cwd=tmp_path)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    first, second = (
-        Report.from_json((tmp_path / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)
-    )
+    _, (first, second) = two_ranks(tmp_path, BROKEN)
     assert second.pipeline_error is not None and "corrupt record 3" in second.pipeline_error
     assert first.pipeline_error == f"rank 1: {second.pipeline_error}"
     failed = [f.message for f in first.findings if f.id == "check-failed"]
