@@ -136,3 +136,46 @@ def test_two_processes_train_on_the_main_process_s_answer(tmp_path: Path) -> Non
         shards = re.findall(rf"rank \d epoch {epoch}: \[(.*)\]", out)
         ids = [int(i) for shard in shards for i in shard.split(", ")]
         assert sorted(ids) == list(range(N))  # the two shards make the epoch, once each
+
+
+ORDER_SCRIPT = """
+import accelerate, torch
+from torch.utils.data import DataLoader
+from pipelines import SleepDataset
+
+acc = accelerate.Accelerator(cpu=True)
+accelerate.utils.set_seed(0)  # the seed of the sampler's generator: the same run to run
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(SleepDataset(64, 0.002), batch_size=4, shuffle=True)
+model, optimizer, loader = acc.prepare(model, optimizer, loader)
+for epoch in range(2):
+    seen = []
+    for batch in loader:
+        seen += batch[:, 0].long().tolist()
+        acc.backward(model(batch).pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    print(f"rank {acc.process_index} epoch {epoch}: {seen}\\n", end="", flush=True)
+"""
+
+
+def test_autotune_under_torchrun_keeps_the_shuffled_order_of_every_rank(tmp_path: Path) -> None:
+    # On several processes accelerate shuffles with a generator of its own, the RandomSampler's
+    # inside its BatchSamplerShard (the base DataLoader's own sampler is a SequentialSampler):
+    # the first batch autotune makes in the main process to choose where to start drew on it,
+    # and every epoch of --autotune was shuffled otherwise than the plain run's.
+    (tmp_path / "train.py").write_text(ORDER_SCRIPT, encoding="utf-8")
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
+    env |= {"PYTHONPATH": pythonpath(tests), "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "train.py"]
+    orders = []
+    for flags in ([], ["--autotune"]):
+        run = [sys.executable, "-m", "feedrate", "run", *flags, "--", *torchrun]
+        done = run_job(run, timeout_s=150, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.output[-3000:]
+        orders.append(sorted(re.findall(r"rank \d epoch \d: \[.*\]", done.output)))
+    plain, tuned = orders
+    assert len(plain) == 4 and len(set(plain)) == 4  # 2 ranks × 2 epochs, each shuffled
+    assert tuned == plain

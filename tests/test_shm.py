@@ -12,12 +12,13 @@ import os
 import random
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from feedrate.autotuning.start import starting_point
 from feedrate.checks.machine import shm_finding, shm_fitting
@@ -101,6 +102,31 @@ def test_the_batch_leaves_the_random_state_and_a_one_shot_sampler_alone() -> Non
     once = DataLoader(list(range(64)), batch_size=4, sampler=one_shot_sampler(64))
     assert main_process_batch(once).bytes is None
     assert len(list(once)) == 16  # the user's run still gets every batch
+
+
+def test_the_batch_leaves_a_shuffling_sampler_inside_a_batch_sampler_alone() -> None:
+    # As accelerate shards a loader on several processes: DataLoader(batch_sampler=
+    # BatchSamplerShard(BatchSampler(RandomSampler(generator=g)))), whose own sampler is a
+    # SequentialSampler. g draws the epoch's order as the first batch is made: it must be as it
+    # was after, or the run's first epoch (and every one after) is shuffled otherwise.
+    class Shard(Sampler[list[int]]):
+        def __init__(self, batch_sampler: BatchSampler) -> None:
+            self.batch_sampler = batch_sampler
+
+        def __iter__(self) -> Iterator[list[int]]:
+            return iter(self.batch_sampler)
+
+        def __len__(self) -> int:
+            return len(self.batch_sampler)
+
+    def nested() -> DataLoader[Any]:
+        shuffled = RandomSampler(range(32), generator=torch.Generator().manual_seed(3))
+        batches = Shard(BatchSampler(shuffled, batch_size=4, drop_last=False))
+        return DataLoader(list(range(32)), batch_sampler=batches)
+
+    loader = nested()
+    assert main_process_batch(loader).bytes == 4 * 8
+    assert [b.tolist() for b in loader] == [b.tolist() for b in nested()]  # same order
 
 
 def test_the_nearest_configuration_that_fits() -> None:
