@@ -288,6 +288,68 @@ def test_the_next_step_is_said_for_the_loader_s_own_class() -> None:
     assert "without autotune: StreamingDataLoader(..., num_workers=2, pin_memory" in steps[0]
 
 
+def test_without_workers_time_queued_for_a_cpu_is_the_dataset_s_work() -> None:
+    # A CPU-bound dataset in the main process on a busy machine: its thread computed 41% of
+    # the wait and sat queued for a CPU most of the rest. It was called latency-bound, with
+    # "a local cache of the remote data" and 7 workers on one CPU.
+    queued = run_of(main_cpu_in_next=0.41, main_queued_in_next=0.5)
+    queued.bottleneck = rules.bottleneck_of(queued, 1)
+    assert queued.bottleneck == "main-process"
+    found = next(f for f in rules.findings(queued, {}, 1) if f.id == "bottleneck")
+    assert "queued for a CPU 50% of it" in found.message
+    assert rules.next_step(queued, ["train.py"], 1)[0].startswith(
+        "try DataLoader(..., num_workers=1)"
+    )
+    asleep = run_of(main_cpu_in_next=0.41, main_queued_in_next=0.02)
+    assert rules.bottleneck_of(asleep, 1) == "latency"
+
+
+def test_the_worker_count_advised_is_each_rank_s_share_of_the_node() -> None:
+    # 2 ranks on 2 CPUs, CPU-bound: 2 workers in each would be 4 on 2 CPUs.
+    starved = run_of(rank=0)
+    starved.bottleneck = rules.bottleneck_of(starved, 2)
+    assert rules.next_step(starved, ["train.py"], 2, ranks=1)[0].startswith(
+        "try DataLoader(..., num_workers=2): the run shows"
+    )
+    assert rules.next_step(starved, ["train.py"], 2, ranks=2)[0].startswith(
+        "try DataLoader(..., num_workers=1) in each of the 2 ranks on this node"
+    )
+
+
+@pytest.mark.parametrize(
+    ("trainer", "line"),
+    [
+        ("lightning", "Trainer(..., callbacks=[FeedrateCallback()])"),
+        ("transformers", "tune_trainer(trainer) before trainer.train()"),
+        ("accelerate", "tune_prepared(accelerator, loader) after accelerator.prepare(...)"),
+        (None, "loader = feedrate.autotune(DataLoader(...))"),
+    ],
+)
+def test_a_loader_a_trainer_built_is_advised_its_integration(
+    trainer: str | None, line: str
+) -> None:
+    # Wrapping the loader Lightning rebuilds under DDP by hand lost its DistributedSampler:
+    # every rank read the whole dataset.
+    starved = run_of(main_cpu_in_next=0.0, built_by=trainer)
+    starved.bottleneck = rules.bottleneck_of(starved, 2)
+    steps = rules.next_step(starved, ["train.py"], 2)
+    assert steps[-1].startswith(f"in code, at train.py:9: {line}")
+    said = "TrainingArguments(..., dataloader_num_workers=4)" if trainer == "transformers" else ""
+    assert said in steps[0]
+
+
+def test_settings_autotune_was_still_trying_are_not_offered_to_keep() -> None:
+    # Interrupted while tuning, the run offered "to keep it without autotune: DataLoader(...,
+    # num_workers=8)", a trial on 2 CPUs, with the loop stalled 55%.
+    trying = run_of()
+    trying.autotune = AutotuneChange(
+        before=LoaderConfig(), after=LoaderConfig(num_workers=8), settled=False, stall_after=0.55
+    )
+    trying.bottleneck = rules.bottleneck_of(trying, 2)
+    first = rules.next_step(trying, ["train.py"], 2)[0]
+    assert "still tuning when the run ended" in first and "num_workers=8" not in first
+
+
 def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     tuned = run_of()
     tuned.autotune = AutotuneChange(

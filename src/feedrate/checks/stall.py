@@ -13,7 +13,7 @@ from typing import Any
 
 from feedrate.checks.machine import pin_memory_finding
 from feedrate.checks.workers import data_stall_finding, startup_finding
-from feedrate.loader.words import in_words_of
+from feedrate.loader.words import BY_TRAINER, in_words_of
 from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.run import LoaderRun, Role
 from feedrate.results.spread import Spread
@@ -106,12 +106,18 @@ def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck:
         return "consumer" if stall <= STALL_MARGIN else "unknown"
     if stall <= STALL_MARGIN:
         return "consumer"
-    main = ld.main_cpu_in_next or 0.0
     if ld.config.num_workers == 0:
-        return "main-process" if main >= MAIN_BUSY else "latency"
+        return "main-process" if _making(ld) >= MAIN_BUSY else "latency"
     if ld.workers.cpu_util is None:
         return "unknown"
     return bottleneck(observed_trial(ld), cpus)
+
+
+def _making(ld: LoaderRun) -> float:
+    """The share of the main thread's wait in ``next()`` spent making batches: on a CPU, or,
+    without workers, queued for one (computing that other processes held up, not sleeping)."""
+    main = ld.main_cpu_in_next or 0.0
+    return main + (ld.main_queued_in_next or 0.0) if ld.config.num_workers == 0 else main
 
 
 def _evidence(ld: LoaderRun, kind: str, cpus: int) -> str:
@@ -125,6 +131,9 @@ def _evidence(ld: LoaderRun, kind: str, cpus: int) -> str:
     parts = [f"{ld.config.label()}"]
     if main is not None:
         parts.append(f"the main thread computed {main:.0%} of its wait in next()")
+    queued = ld.main_queued_in_next or 0.0
+    if ld.config.num_workers == 0 and queued >= 0.05:
+        parts.append(f"and was queued for a CPU {queued:.0%} of it")
     if ld.config.num_workers and ld.workers.cpu_util is not None:
         each = ld.workers.cpu_util / ld.config.num_workers
         parts.append(f"workers {ld.workers.cpu_util:.0%} of a core in total ({each:.0%} each)")
@@ -162,12 +171,12 @@ def bottleneck_finding(ld: LoaderRun, kind: Bottleneck, cpus: int) -> Finding:
     )
 
 
-def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
+def workers_needed(ld: LoaderRun, cpus: int, ranks: int = 1) -> int | None:
     """Workers that would make batches as fast as the loop steps, where the run shows it: the
     seconds of data work per batch (the wait, less start-up, plus the step's share the loop
     overlapped) over the seconds of step per batch, with ``WORKER_MARGIN`` to spare; capped
     at the usable CPUs for CPU-bound work, or workers on a CPU half the time or more (more
-    would only compete)."""
+    would only compete): at this rank's share of them, where ``ranks`` share the node."""
     steady = ld.batches - ld.epochs
     if steady <= 0 or ld.step_s <= 0:
         return None
@@ -182,23 +191,30 @@ def workers_needed(ld: LoaderRun, cpus: int) -> int | None:
     w = ld.config.num_workers
     demand = (ld.workers.cpu_util or 0.0) + (ld.workers.runq_util or 0.0)  # queued: computing
     computing = w > 0 and demand / w >= 0.5
-    cpu_bound = (ld.main_cpu_in_next or 0.0) >= MAIN_BUSY or ld.bottleneck == "cpu" or computing
-    return max(1, min(needed, cpus) if cpu_bound else needed)
+    cpu_bound = _making(ld) >= MAIN_BUSY or ld.bottleneck == "cpu" or computing
+    return max(1, min(needed, cpus // max(1, ranks)) if cpu_bound else needed)
 
 
-def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
+def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> list[str]:
     """What to do next, in order: the change the run showed (``--autotune``'s), else the
-    settings to try with the gain they can bring, then the commands that find them."""
+    settings to try with the gain they can bring (each rank's, where ``ranks`` of the job
+    share this node's CPUs), then the commands that find them."""
     steps: list[str] = []
     tuned = ld.autotune
     if ld.tuned and tuned is not None and tuned.after is not None:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.after.kwargs().items())
-        steps.append(
-            f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
-            f"{_pct(tuned.stall_before)} with your settings → {_pct(tuned.stall_after)} once "
-            f"tuned); to keep it without autotune: "
-            + in_words_of(ld.loader_type, f"DataLoader(..., {kwargs})")
-        )
+        moved = f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
+        if tuned.settled:
+            steps.append(
+                f"{moved}{_pct(tuned.stall_before)} with your settings → "
+                f"{_pct(tuned.stall_after)} once tuned); to keep it without autotune: "
+                + in_words_of(_words(ld), f"DataLoader(..., {kwargs})")
+            )
+        else:  # a trial, not an answer: keeping it by hand could keep a configuration it left
+            steps.append(
+                f"{moved}{_pct(tuned.stall_before)} with your settings), a trial: it was still "
+                "tuning when the run ended; a longer run lets it settle on settings to keep"
+            )
     stall = ld.settled_stall or 0.0
     if ld.bottleneck == "consumer":
         return [
@@ -210,11 +226,12 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
     # Main-process-bound with workers: more workers would only add to what the main process
     # receives.
     receiving = ld.config.num_workers > 0 and ld.bottleneck == "main-process"
-    needed = None if receiving else workers_needed(ld, cpus)
+    needed = None if receiving else workers_needed(ld, cpus, ranks)
     if needed is not None and needed != ld.config.num_workers and tuned is None:
+        each = f" in each of the {ranks} ranks on this node" if ranks > 1 else ""
         steps.append(
-            in_words_of(ld.loader_type, f"try DataLoader(..., num_workers={needed})")
-            + ": the run shows it takes about that many "
+            in_words_of(_words(ld), f"try DataLoader(..., num_workers={needed})")
+            + f"{each}: the run shows it takes about that many "
             f"to make batches as fast as the loop steps; up to {saved:,.1f} s of the "
             f"{ld.loop_s:,.1f} s loop ({stall:.0%}) was spent waiting"
         )
@@ -224,8 +241,28 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int) -> list[str]:
     if ld.name:
         steps.append(f"feedrate tune {ld.name} --step-time {step_s:.3g}")
     elif not ld.tuned:  # autotuned already: the first step says how to keep its answer
-        steps.append(f"in code, at {ld.created_at}: loader = feedrate.autotune(DataLoader(...))")
+        line = INTEGRATION_LINES[ld.built_by or "plain"]
+        steps.append(f"in code, at {ld.created_at}: {line}")
     return steps
+
+
+#: The line in code for a loader a trainer builds (``LoaderRun.built_by``): wrapped by hand it
+#: would be built again by the trainer without the wrapper, or lose the trainer's sampler.
+INTEGRATION_LINES = {
+    "plain": "loader = feedrate.autotune(DataLoader(...))",
+    "lightning": "Trainer(..., callbacks=[FeedrateCallback()])  "
+    "# from feedrate.integrations.lightning import FeedrateCallback",
+    "transformers": "tune_trainer(trainer) before trainer.train()  "
+    "# from feedrate.integrations.transformers import tune_trainer",
+    "accelerate": "tune_prepared(accelerator, loader) after accelerator.prepare(...)  "
+    "# from feedrate.integrations.accelerate import tune_prepared",
+}
+
+
+def _words(ld: LoaderRun) -> str:
+    """Whose words the advice for ``ld`` takes: a transformers ``Trainer``'s loader is set by
+    its ``TrainingArguments``."""
+    return BY_TRAINER if ld.built_by == "transformers" else ld.loader_type
 
 
 def _pct(value: float | None) -> str:

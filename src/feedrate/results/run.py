@@ -119,7 +119,9 @@ class LoaderRun:
     """One DataLoader as the script used it. ``created_at`` is ``file:line`` of the user's code
     that built it; ``name`` the module-level name it was found under at exit (``file.py:NAME``
     for ``feedrate tune``), if any. ``main_cpu_in_next`` is the main thread's CPU per second
-    of waiting in ``next()`` (1.0: the wait was all computing, in this process).
+    of waiting in ``next()`` (1.0: the wait was all computing, in this process);
+    ``main_queued_in_next`` its share of that wait queued for a CPU while the main process made
+    the batch itself (without workers: computing held up by other processes, not sleeping).
     ``grad_off_batches`` were taken with autograd off (``torch.no_grad``, inference mode).
     ``system_busy_cpus``: the whole machine's busy CPUs while its workers were read (others'
     processes too).
@@ -142,6 +144,9 @@ class LoaderRun:
     startup_s: float | None = None
     epoch_restart_s: list[float] = field(default_factory=list)
     main_cpu_in_next: float | None = None
+    main_queued_in_next: float | None = None
+    #: The trainer whose code built it ("transformers", "accelerate", "lightning"), if any.
+    built_by: str | None = None
     grad_off_batches: int = 0
     batch_bytes: int | None = None
     workers: WorkerUse = field(default_factory=WorkerUse)

@@ -216,12 +216,18 @@ def write_report() -> None:
     multiprocessing's exit, SIGTERM). SIGCHLD is blocked from then on: on SIGTERM to the whole
     process group the workers die as the report is written, and torch's SIGCHLD handler raised
     in the middle of it ("DataLoader worker ... is killed by signal"; unblocked after, it would
-    raise in the user's code instead). A write that fails anyway is tried once more; a report
-    lost leaves ``<pid>.lost`` saying why, for the run's verdict."""
+    raise in the user's code instead). SIGTERM waits while it is written (``_on_sigterm``): a
+    ``Pool`` ends its forked workers with SIGTERM as they write theirs at exit, which ended them
+    mid-write. A write that fails anyway is tried once more; a report lost leaves
+    ``<pid>.lost`` saying why, for the run's verdict."""
     if _state.get("written") or ENV_DIR not in os.environ:
         return
-    _state["written"] = True
+    _state["written"] = _state["writing"] = True
     _block(signal.SIGCHLD)
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)  # to wait, as below
     error = None
     for _ in range(2):
         try:
@@ -234,6 +240,9 @@ def write_report() -> None:
         sys.stderr.write(f"feedrate run: this process's report was lost: {error!r}\n")
         with contextlib.suppress(OSError), open(_path(".lost"), "w") as fh:
             fh.write(repr(error))
+    _state["writing"] = False
+    if _state.pop("terminated", False):  # SIGTERM came as it was written: it ends us now
+        _on_sigterm(signal.SIGTERM, None)
     if getattr(sys, "last_type", None) is KeyboardInterrupt and _main_process():
         _exit_as_interrupted()
 
@@ -272,6 +281,9 @@ def _exit_as_interrupted() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _state.get("writing"):  # the report is being written: the signal waits for it
+        _state["terminated"] = True
+        return
     write_report()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

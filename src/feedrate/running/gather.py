@@ -42,12 +42,14 @@ def decide(report: RunReport, command: list[str]) -> RunReport:
     """Fill in each loader's role, bottleneck, findings and next step, and the verdict."""
     machine = report.machine
     cpus = int(machine.get("cpus_usable") or os.cpu_count() or 1)
+    # The ranks feedrate run followed share this node's CPUs: each gets its share of them.
+    ranks = max(1, len({p.rank for p in report.processes if p.rank is not None and p.loaders}))
     for proc in report.processes:
         for ld, role in zip(proc.loaders, rules.roles(proc.loaders), strict=True):
             ld.role = role
             ld.bottleneck = rules.bottleneck_of(ld, cpus)
             ld.findings = by_severity(rules.findings(ld, machine, cpus))
-            ld.next_step = rules.next_step(ld, command, cpus) if role == "train" else []
+            ld.next_step = rules.next_step(ld, command, cpus, ranks) if role == "train" else []
     loaders = report.loaders
     report.verdict = rules.verdict(
         [ld for ld in loaders if ld.role == "train"], [ld for ld in loaders if ld.role == "eval"]

@@ -33,7 +33,7 @@ from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.rebuild import built_for_the_user, config_of
 from feedrate.measuring import runqueue
 from feedrate.results.run import AutotuneChange, LoaderRun, WorkerUse
-from feedrate.running.sites import evaluating, library, shown
+from feedrate.running.sites import built_by, evaluating, library, shown
 from feedrate.running.timeline import Timeline
 
 #: The calling thread's seconds queued for a CPU: a wait the loop spent there is not the data's.
@@ -63,7 +63,7 @@ class Watch:
         self.epochs = self.batches = self.samples = self.grad_off = 0
         self.evaluating = False  # this epoch is iterated from an evaluation loop
         self.handed_over = built_for_the_user()  # feedrate's answer already: result.loader()
-        self.wait = self.step = self.cpu_in_next = 0.0
+        self.wait = self.step = self.cpu_in_next = self.queued_in_next = 0.0
         self.startup: float | None = None
         self.restarts: list[float] = []
         self.batch_bytes: int | None = None
@@ -115,6 +115,7 @@ class Watch:
             lane = getattr(self.tuner, "config", None) or self.config  # autotune's, if any
             here = lane.num_workers == 0  # the batch is made in next(): its queue is the data's
             wait, step = runqueue.split(t1 - t0, t0 - self.last, 0.0 if here else queued)
+            self.queued_in_next += queued if here else 0.0
         self.wait += wait
         self.step += step
         self.cpu_in_next += cpu
@@ -159,6 +160,8 @@ class Watch:
             startup_s=self.startup,
             epoch_restart_s=list(self.restarts),
             main_cpu_in_next=self.cpu_in_next / self.wait if self.wait > 0 else None,
+            main_queued_in_next=self.queued_in_next / self.wait if self.wait > 0 else None,
+            built_by=str(self.key[2]) if self.key and self.key[2] else None,
             grad_off_batches=self.grad_off,
             batch_bytes=self.batch_bytes,
             workers=WorkerUse(
@@ -284,11 +287,14 @@ class Registry:
         watch = Watch(loader, site[0], site[1], self.origin)
         # The line that built it, which a library's frames skipped for the site may hide (one
         # call building a train and an eval loader), and how it batches, tell loaders apart.
-        inner = _innermost(loader, frame)
-        watch.key = (watch.site, inner, watch.dataset_id, watch.config, _batching(loader))
+        inner, by = _innermost(loader, frame), built_by(frame)
+        watch.key = (watch.site, inner, by, watch.dataset_type, watch.config, _batching(loader))
         with self.lock:
             for seen in reversed(self.watches):
-                if seen.key == watch.key:
+                # Over the same dataset; or a new one of its kind once an epoch ended (a loop
+                # that builds its dataset again every epoch), not one beside it (train, val).
+                again = seen.dataset_id == watch.dataset_id or (seen.epochs and seen.last is None)
+                if seen.key == watch.key and again:
                     seen.loader = watch.loader
                     self.by_loader[loader] = seen
                     return
@@ -366,9 +372,9 @@ def _innermost(loader: object, frame: FrameType | None) -> str:
 
 def _batching(loader: DataLoader[Any]) -> tuple[object, ...]:
     """How ``loader`` makes its batches: its batch size, sampler and batch sampler classes,
-    and ``drop_last``."""
+    ``drop_last``, and its epoch's length where known."""
     sampler, batches = type(loader.sampler).__name__, type(loader.batch_sampler).__name__
-    return loader.batch_size, sampler, batches, loader.drop_last
+    return loader.batch_size, sampler, batches, loader.drop_last, epoch_length(loader)
 
 
 def install(registry: Registry, cls: type[DataLoader[Any]] = DataLoader) -> None:

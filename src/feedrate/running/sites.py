@@ -41,3 +41,26 @@ def shown(file: str) -> str:
     path = os.path.abspath(file)
     here = os.getcwd() + os.sep
     return path[len(here) :] if path.startswith(here) else path
+
+
+#: The trainers whose own code builds the loaders they train on, by their package's folder.
+_TRAINERS = {
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "lightning": "lightning",
+    "pytorch_lightning": "lightning",
+}
+
+
+def built_by(frame: FrameType | None, depth: int = 64) -> str | None:
+    """The trainer whose code built a loader, from ``frame`` (the caller of its ``__init__``)
+    outwards: "transformers", "accelerate" or "lightning", the outermost on the stack
+    (transformers' Trainer builds its loaders through accelerate), else None. Its loaders take
+    its integration's line, not ``feedrate.autotune(DataLoader(...))``: the trainer builds them
+    again (Lightning adds its sampler under DDP, accelerate shards them)."""
+    found = None
+    while frame is not None and depth > 0:
+        module = str(frame.f_globals.get("__name__") or "").partition(".")[0]
+        found = _TRAINERS.get(module, found)
+        frame, depth = frame.f_back, depth - 1
+    return found
