@@ -420,6 +420,10 @@ def test_commands_are_resolved_as_python_and_a_shell_would(tmp_path: Any) -> Non
     assert command_of([str(script), "--a"]) == [sys.executable, str(script), "--a"]
     assert command_of(["json.tool", "-x"], module=True) == [sys.executable, "-m", "json.tool", "-x"]
     assert command_of(["sh", "-c", "true"])[1:] == ["-c", "true"]
+    app = tmp_path / "app"  # a folder with a __main__.py: python runs it
+    app.mkdir()
+    (app / "__main__.py").write_text("")
+    assert command_of([str(app), "a"]) == [sys.executable, str(app), "a"]
     assert module_found("json.tool") and module_found("feedrate.running")
     assert not module_found("feedrate.no_such_module") and not module_found("no.such")
 

@@ -90,6 +90,8 @@ def command_of(args: Sequence[str], module: bool = False) -> list[str]:
         if not os.path.isfile(first):
             raise UserError(f"no such script: {first}")
         return [sys.executable, *args]
+    if os.path.isfile(os.path.join(first, "__main__.py")):  # python runs a folder's __main__
+        return [sys.executable, *args]
     found = found_command(first)
     if found is None:
         raise UserError(f"no such script or command: {first}")
