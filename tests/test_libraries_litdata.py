@@ -6,6 +6,8 @@ across rebuilds, and resumption through ``state_dict``."""
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,18 @@ def test_a_rebuilt_loader_goes_on_from_its_epoch(tmp_path: Path) -> None:
     first = epoch_ids(loader)
     rebuilt = feedrate.rebuild(loader, feedrate.LoaderConfig(num_workers=0))
     assert rebuilt.current_epoch == 1 and epoch_ids(rebuilt) != first
+
+
+def test_a_loader_rebuilt_with_more_workers_than_cpus_does_not_warn(tmp_path: Path) -> None:
+    # StreamingDataLoader checks its worker count at its first batch, not at iter(): tune's
+    # trials printed DataLoader's "suggested max number of worker" warning, once per trial.
+    many = feedrate.LoaderConfig(num_workers=(os.cpu_count() or 1) + 1, prefetch_factor=2)
+    rebuilt = feedrate.rebuild(make(write_litdata(tmp_path)), many)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert Counter(epoch_ids(rebuilt)) == Counter(range(N))
+    assert not [w for w in caught if "suggested max number of worker" in str(w.message)]
+    assert none_left()
 
 
 def test_the_tuned_answer_yields_every_sample_once(tmp_path: Path) -> None:

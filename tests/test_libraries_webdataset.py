@@ -106,6 +106,12 @@ def test_a_webloader_is_tuned_inside_and_keeps_its_stages(tmp_path: Path) -> Non
     from feedrate.loader.code import code_line
 
     assert code_line(inner, feedrate.config_of(inner)).startswith("WebLoader(dataset,")
+    # The library takes it as the command line does, as an object or a function's result
+    # (it raised "expected a torch.utils.data.DataLoader, got WebLoader").
+    staged = wds.WebLoader(pipeline(urls).to_tuple("npy", "id").batched(16), batch_size=None)
+    for source in (staged.unbatched().batched(12), lambda: staged):
+        m = feedrate.measure(source, seconds=0.2, windows_count=1)
+        assert m.samples_per_s == pytest.approx(16 * m.batches_per_s)  # the inner loader's
     web = wds.WebLoader(pipeline(urls).to_tuple("npy", "id").batched(16), batch_size=None)
     with feedrate.autotune(web.unbatched().batched(12), cache=False, budget_s=2) as auto:
         for _ in range(2):

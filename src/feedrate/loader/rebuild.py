@@ -137,6 +137,9 @@ def rebuild(
     wrapped in (or freed from) ``feedrate.threaded`` as ``config.threads`` says. A
     ``batch_sampler`` given replaces the loader's batching (``autotune`` feeds its own); a
     ``sampler`` replaces its sampler (a shard of the dataset per rank), batch size kept.
+    It does not warn of more workers than DataLoader suggests (``allow_many_workers``): its
+    worker count is chosen, and a loader that checks at its first batch, not at ``iter()``
+    (litdata's), printed the warning in every trial of ``tune``.
     """
     data = unthreaded(loader.dataset if dataset is None else dataset)
     kwargs: dict[str, Any] = {
@@ -159,7 +162,7 @@ def rebuild(
             return DataLoader(**kwargs)
         new = _rebuild_subclass(loader, kwargs, config)
     libraries.carry_state(loader, new)  # litdata's epoch goes on where the loader's stood
-    return new
+    return allow_many_workers(new)
 
 
 #: Constructor arguments that say how indices become batches: the rebuilt loader's own
@@ -322,11 +325,21 @@ def _refused(cls: type[Any], exc: Exception) -> UserError:
 
 def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLoader[Any]:
     """``source`` itself, or what the zero-argument function ``source`` builds (recording the
-    arguments of the DataLoader subclasses it makes, so ``rebuild`` can make them again).
+    arguments of the DataLoader subclasses it makes, so ``rebuild`` can make them again); the
+    DataLoader inside webdataset's ``WebLoader`` (the command line's targets take it too).
     Raises ``UserError`` when it is not a DataLoader."""
-    if callable(source) and not isinstance(source, DataLoader):
+    if callable(source) and not isinstance(source, DataLoader) and not _web(source):
         with recording():
             source = source()
+    parts = libraries.webloader_parts(source)
+    if parts is not None:  # tuned alone: the stages after it run in the training process
+        libraries.mark_wrapped(parts[0], type(source).__name__)
+        source = parts[0]
     if not isinstance(source, DataLoader):
         raise UserError(f"expected a torch.utils.data.DataLoader, got {type(source).__name__}")
     return source
+
+
+def _web(obj: object) -> bool:
+    """``obj`` is a ``WebLoader`` (callable, as webdataset's pipelines are: not a factory)."""
+    return libraries.webloader_parts(obj) is not None
