@@ -4,7 +4,7 @@ and samples per epoch, and the threads per worker worth trying.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -177,12 +177,15 @@ def thread_cap(loader: DataLoader[Any]) -> int:
     return max(1, min(size, MAX_SEARCH_THREADS))
 
 
-def epoch_samples(loader: DataLoader[Any]) -> int | None:
+def epoch_samples(loader: DataLoader[Any], seen: Iterable[Any] = ()) -> int | None:
     """Samples in one epoch, where the sampler knows (with a custom batch sampler DataLoader's
-    own sampler spans the dataset, which is close enough for judging start-up cost)."""
-    if is_iterable_style(loader):
-        return None
-    try:
-        return len(loader.sampler)  # type: ignore[arg-type]
-    except TypeError:
-        return None
+    own sampler spans the dataset, which is close enough for judging start-up cost); else, a
+    stream's, as counted where a measurement in ``seen`` (trials) saw one end (their
+    ``epoch_samples``): without it, ``persistent_workers`` was never judged against a stream's
+    epoch."""
+    if not is_iterable_style(loader):
+        try:
+            return len(loader.sampler)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    return next((n for t in seen if (n := getattr(t, "epoch_samples", None))), None)

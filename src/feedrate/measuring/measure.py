@@ -130,6 +130,7 @@ def measure(
         spread=Spread.of_rates(rate.windows),
         startup_s=timeline.startup_s,
         epoch_restart_s=timeline.epoch_restart_s,
+        epoch_samples=timeline.epoch_samples,
         window=_summary(timeline),
         processes=report,
         machine=facts.to_dict(),

@@ -123,6 +123,8 @@ class Timeline:
     warmup_batches: int = 0
     windows: list[Window] = field(default_factory=list)
     epochs: int = 0
+    #: Samples in the first epoch that ran to its end, counted (None: none did).
+    epoch_samples: int | None = None
     method: Method = "windows"
     #: The deadline, in s after the first ``iter()`` (None: none), and whether it ended the run.
     deadline_s: float | None = None

@@ -130,7 +130,7 @@ class _Runner:
         self._asked_queued = 0.0  # the loop's run-queue seconds when it asked
         self.timeline = Timeline()
         self.open: Window | None = None
-        self._epoch_batches = 0
+        self._epoch_batches = self._epoch_samples = 0
         self._seen_length: int | None = None  # an epoch's batches, once one ran to its end
         self._t0: float | None = None  # the first iter() call
         self._deadline: float | None = None  # on the clock, once the start-up is known
@@ -195,7 +195,7 @@ class _Runner:
             # Opened once the epoch's workers exist (so the hook can read them), timed from the
             # call: a whole epoch includes its start-up.
             self._open(t_call)
-        self._epoch_batches = 0
+        self._epoch_batches = self._epoch_samples = 0
         for batch in iterator:
             if self._batch(batch, t_call, whole):
                 return
@@ -203,6 +203,7 @@ class _Runner:
             raise EmptyLoaderError("the loader yielded no batch")
         if self._seen_length is None:
             self._seen_length = self._epoch_batches
+            self.timeline.epoch_samples = self._epoch_samples
         self.timeline.epochs += 1
         if whole or self._lead_s is None:  # nothing counts before the epoch's end
             self._lead_s = self.clock() - t_call
@@ -217,6 +218,7 @@ class _Runner:
         if self._epoch_batches == 1:
             self._record_first(now - t_call)
         samples = self.count(batch)
+        self._epoch_samples += samples
         waited = now - self._asked
         if self.consume is not None:
             waited, _ = runqueue.split(waited, 0.0, self.queued() - self._asked_queued)

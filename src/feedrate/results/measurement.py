@@ -48,6 +48,8 @@ class Measurement:
     feedrate_version: str = ""
     batch_bytes: int | None = None
     stall_fraction: float | None = None
+    #: Samples in an epoch, where one ran to its end (a stream's length is known no other way).
+    epoch_samples: int | None = None
     consumer: dict[str, Any] | None = None
     #: With an accelerator: each batch copied to it in the loop (``device``, ``non_blocking``,
     #: ``copy_s_per_batch`` and ``step_s_per_batch`` of device time, from CUDA events).
@@ -70,6 +72,7 @@ class Measurement:
             "spread": self.spread.to_dict(),
             "startup_s": self.startup_s,
             "epoch_restart_s": self.epoch_restart_s,
+            "epoch_samples": self.epoch_samples,
             "warmup": {"batches": w.warmup_batches, "seconds": w.warmup_s},
             "window": {
                 "batches": w.batches,
@@ -105,6 +108,7 @@ class Measurement:
             spread=Spread.from_dict(d["spread"]),
             startup_s=d["startup_s"],
             epoch_restart_s=list(d.get("epoch_restart_s", [])),
+            epoch_samples=d.get("epoch_samples"),
             window=WindowSummary(
                 batches=win["batches"],
                 samples=win["samples"],

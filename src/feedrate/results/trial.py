@@ -53,6 +53,8 @@ class Trial:
     spread: Spread | None = None
     startup_s: float = 0.0
     epoch_restart_s: list[float] = field(default_factory=list)
+    #: Samples in an epoch, where the trial saw one end (``Measurement.epoch_samples``).
+    epoch_samples: int | None = None
     main_cpu: float = 0.0
     workers_cpu: float = 0.0
     workers_runq: float | None = None
@@ -91,6 +93,7 @@ class Trial:
         self.spread = self.spread.merged(again.spread)
         self.samples_per_s = (self.samples_per_s + again.samples_per_s) / 2
         self.startup_s = max(self.startup_s, again.startup_s)  # what a start may cost
+        self.epoch_samples = self.epoch_samples or again.epoch_samples
         if self.rank_rates is not None and again.rank_rates is not None:
             self.rank_rates = [
                 (a + b) / 2 for a, b in zip(self.rank_rates, again.rank_rates, strict=False)
@@ -154,6 +157,7 @@ class Trial:
             spread=m.spread,
             startup_s=m.startup_s,
             epoch_restart_s=list(m.epoch_restart_s),
+            epoch_samples=m.epoch_samples,
             batch_bytes=m.batch_bytes,
             stall_fraction=m.stall_fraction,
             copy_s_per_batch=(m.transfer or {}).get("copy_s_per_batch"),

@@ -339,7 +339,7 @@ class _Doctor:
         if self.consumer is not None and bottleneck is not None and workers is None:
             stall = data_stall_finding(base, bottleneck.fix)  # else too-few says it
         return [
-            startup_finding(base, epoch_samples(self.loader), cause),
+            startup_finding(base, epoch_samples(self.loader, self.compared.measured()), cause),
             workers,
             bottleneck,
             stall,
