@@ -17,6 +17,7 @@ import pytest
 from library_data import N, epoch_ids, none_left, stub_unloadable_torchvision, write_mds
 
 import feedrate
+from feedrate.errors import UserError
 from feedrate.workflows import doctor as doctoring
 
 with stub_unloadable_torchvision():
@@ -67,8 +68,17 @@ def test_autotune_keeps_the_epochs_order_and_every_sample_once(tmp_path: Path) -
 
 def test_the_tuned_answer_yields_every_sample_once(tmp_path: Path) -> None:
     root = write_mds(tmp_path / "mds")
-    result = feedrate.tune(make(root), budget_s=6, trial_seconds=0.4, use_cache=False)
+    result = feedrate.tune(lambda: make(root), budget_s=6, trial_seconds=0.4, use_cache=False)
     assert Counter(epoch_ids(result.loader())) == Counter(range(N))
+    assert not [t for t in result.trials if t.error]  # workers forked after w=0 ran too
+    assert none_left()
+
+
+def test_tune_asks_for_a_function_where_it_is_given_the_loader_itself(tmp_path: Path) -> None:
+    # Its worker trials hung or failed once a batch was made in this process (file locks
+    # inherited across fork), and tune answered w=0 with "no verdict on workers".
+    with pytest.raises(UserError, match=r"file locks.*give a function that builds the loader"):
+        feedrate.tune(make(write_mds(tmp_path / "mds"), workers=2), budget_s=6)
     assert none_left()
 
 
@@ -95,10 +105,12 @@ def test_the_doctor_builds_a_fresh_loader_for_each_run(tmp_path: Path) -> None:
 
 
 def test_the_doctor_leaves_a_reused_dataset_unbroken(tmp_path: Path) -> None:
-    # One loader object for every run: no batch is made in this process before workers fork.
+    # One loader object for every run: no batch is made in this process before workers fork,
+    # nor the performance runs (in this process and with workers: a trial with workers hung).
     report = doctoring.doctor(
-        make(write_mds(tmp_path / "mds"), workers=2), checks=["shm-too-small"]
+        make(write_mds(tmp_path / "mds"), workers=2), checks=["shm-too-small", "too-few-workers"]
     )
-    batch = {r.name: r for r in report.checks}["batch"]
-    assert batch.status == "skipped" and "file locks" in batch.detail
+    runs = {r.name: r for r in report.checks}
+    for step in ("batch", "performance"):
+        assert runs[step].status == "skipped" and "file locks" in runs[step].detail
     assert report.pipeline_error is None

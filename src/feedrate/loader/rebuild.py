@@ -12,7 +12,7 @@ import inspect
 import re
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -328,7 +328,7 @@ def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLo
     arguments of the DataLoader subclasses it makes, so ``rebuild`` can make them again); the
     DataLoader inside webdataset's ``WebLoader`` (the command line's targets take it too).
     Raises ``UserError`` when it is not a DataLoader."""
-    if callable(source) and not isinstance(source, DataLoader) and not _web(source):
+    if _factory(source):
         with recording():
             source = source()
     parts = libraries.webloader_parts(source)
@@ -340,6 +340,24 @@ def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLo
     return source
 
 
-def _web(obj: object) -> bool:
-    """``obj`` is a ``WebLoader`` (callable, as webdataset's pipelines are: not a factory)."""
-    return libraries.webloader_parts(obj) is not None
+def _factory(source: object) -> TypeGuard[Callable[[], Any]]:
+    """``source`` is a function that builds a loader, not one (a ``WebLoader`` is callable, as
+    webdataset's pipelines are)."""
+    web = libraries.webloader_parts(source) is not None
+    return callable(source) and not isinstance(source, DataLoader) and not web
+
+
+def built_per_run(source: object, loader: DataLoader[Any]) -> None:
+    """Raise ``UserError`` where ``loader`` (from ``source``) must be built afresh for each
+    run but ``source`` is the loader itself, not a function that builds it: its dataset,
+    iterated in this process, breaks the workers forked after it (MosaicML's
+    ``StreamingDataset``: its trials with workers hung, or failed, after the first batch made
+    here). ``tune`` and ``doctor`` measure both."""
+    unsafe = libraries.unsafe_to_iterate_here(loader.dataset)
+    if unsafe is None or _factory(source):
+        return
+    raise UserError(
+        f"{unsafe}, and measuring runs it both in this process and in workers: give a function "
+        "that builds the loader afresh for each run (feedrate.tune(make_loader), or a TARGET "
+        "naming it, file.py:make_loader), not the loader itself"
+    )

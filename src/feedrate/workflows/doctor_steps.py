@@ -151,12 +151,14 @@ def start_method(loader: DataLoader[Any], facts: MachineFacts) -> str | None:
 def library_skip(step: str, dataset: object, *, fresh: bool) -> str | None:
     """Why a step is not run on ``dataset``, from what its library is known to do: no
     duplicates run where the library splits the stream by worker; no batch made in this
-    process from a dataset that this would break for the workers forked after it, unless
-    each run gets a fresh loader (``fresh``: the TARGET is a factory)."""
+    process from a dataset that this would break for the workers forked after it, and no
+    performance run (your settings and the alternatives: in this process and with workers,
+    whose trials hung after one without), unless each run gets a fresh loader (``fresh``:
+    the TARGET is a factory)."""
     split = libraries.splits_by_worker(dataset)
     if step == "duplicates" and split is not None:
         return f"not needed: {split}"
     unsafe = libraries.unsafe_to_iterate_here(dataset)
-    if step == "batch" and unsafe is not None and not fresh:
+    if step in ("batch", "performance") and unsafe is not None and not fresh:
         return f"not run: {unsafe} (a TARGET naming a function gets a fresh loader per run)"
     return None

@@ -20,7 +20,13 @@ from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
 from feedrate.loader import libraries
 from feedrate.loader.batches import epoch_length, thread_cap
-from feedrate.loader.rebuild import config_of, is_iterable_style, loader_of, supports
+from feedrate.loader.rebuild import (
+    built_per_run,
+    config_of,
+    is_iterable_style,
+    loader_of,
+    supports,
+)
 from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import device as devices
@@ -101,6 +107,7 @@ def tune(
     if channel is not None and shard:
         source = tune_node.shard_source(source, channel.ranks)
     loader = loader_of(source)
+    built_per_run(source, loader)
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     node_facts = machine or collect()
