@@ -108,6 +108,14 @@ class WaitingStream(UnshardedStream):
             yield item
 
 
+def test_your_workers_that_each_yield_the_whole_stream_are_not_recommended() -> None:
+    # Their samples/s counted every sample once per worker: tune recommended the settings
+    # that duplicate the data, beside the iterable-duplicates error.
+    r = tune(DataLoader(WaitingStream(False), batch_size=16, num_workers=2), budget_s=20, **FAST)
+    assert r.baseline.config.num_workers == 2 and r.best.config.num_workers <= 1
+    assert "counted copies: each of their workers yields the whole stream" in r.reason
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_a_stream_seen_to_repeat_in_each_worker_keeps_its_worker_count(split: bool) -> None:
     # Copies of the stream count as samples/s: more workers would look faster, every one a
@@ -116,11 +124,14 @@ def test_a_stream_seen_to_repeat_in_each_worker_keeps_its_worker_count(split: bo
     r = tune(loader, budget_s=20, **FAST)
     if split:
         assert r.best.config.num_workers > 0
-        assert "stays yours" not in r.reason
+        assert "were tried" not in r.reason
     else:
         assert r.best.config.num_workers == 0
         assert not any(t.config.num_workers for t in r.trials), [t.config for t in r.trials]
-        assert "The worker count stays yours: 2 workers did not yield different items" in r.reason
+        assert (
+            "No more workers than yours were tried: 2 workers did not yield different items"
+            in r.reason
+        )
         assert "get_worker_info()" in r.reason
 
 

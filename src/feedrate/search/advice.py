@@ -121,7 +121,7 @@ def reason(
     second saying so."""
     why = _reason(space, best, baseline, consumer, trials)
     if space.kept_workers:
-        why = f"{why} The worker count stays yours: {space.kept_workers}."
+        why = f"{why} No more workers than yours were tried: {space.kept_workers}."
     compared = [best, baseline, *(t for t in trials or [] if t.measured)]
     unique = list({id(t): t for t in compared}.values())
     loaded = [t for t in unique if contended(t, space.cpus)]
@@ -180,6 +180,14 @@ def _reason(
     unmeasured = _workers_unmeasured(best, trials)
     if unmeasured is not None:
         return unmeasured
+    past = space.copies_past
+    copies = [x for x in trials or [] if past is not None and x.config.num_workers > past]
+    if copies:
+        return (
+            f"{', '.join(x.config.label() for x in copies)} counted copies: each of their workers "
+            f"yields the whole stream, so its samples/s are not samples; of the rest, "
+            f"{best.config.label()} measured fastest ({rate(best.median)} samples/s)."
+        )
     t = best.config.threads
     if t > 1:
         procs = [x for x in series(space, trials or []) if x.config.num_workers > 0]

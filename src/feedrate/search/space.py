@@ -103,6 +103,9 @@ class Space:
     #: Why the loader keeps its own worker count (an IterableDataset that may not split its
     #: stream by worker: each worker added could yield all of it again), or None.
     kept_workers: str | None = None
+    #: Where 2 workers were seen to yield the same samples: the most workers whose rate counts
+    #: no copies (1); a trial with more (your settings) is never recommended. None elsewhere.
+    copies_past: int | None = None
 
 
 def noise(a: Trial, b: Trial) -> float:
@@ -183,10 +186,17 @@ def series(space: Space, trials: list[Trial]) -> list[Trial]:
 
 
 def eligible(space: Space, trials: list[Trial]) -> list[Trial]:
-    """Measured trials that may be recommended: threaded ones only when allowed, and those that
-    held more memory than the budget (``--memory-limit``) only when none held less: then the
-    one that held least."""
-    allowed = [t for t in trials if t.measured and (space.allow_threads or t.config.threads == 1)]
+    """Measured trials that may be recommended: threaded ones only when allowed, none whose
+    workers yield copies of the stream (``copies_past``), and those that held more memory
+    than the budget (``--memory-limit``) only when none held less: then the one that held
+    least."""
+    allowed = [
+        t
+        for t in trials
+        if t.measured
+        and (space.allow_threads or t.config.threads == 1)
+        and (space.copies_past is None or t.config.num_workers <= space.copies_past)
+    ]
     within = [t for t in allowed if not over_memory(space, t)]
     return within or sorted(allowed, key=lambda t: t.memory_bytes)[:1]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from feedrate.autotuning.start import unsplit_stream
+from feedrate.autotuning.start import SAME_ITEMS, unsplit_stream
 from feedrate.checks import transfer as checks_transfer
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
@@ -131,6 +131,7 @@ def tune(
         space,
         max_threads=thread_cap(loader),
         kept_workers=unsplit,
+        copies_past=1 if unsplit and unsplit.startswith(SAME_ITEMS) else None,
         allow_threads=allow_threads or space.baseline.threads > 1,
     )
     options = cache.tune_options(
