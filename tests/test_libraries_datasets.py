@@ -61,6 +61,21 @@ def test_one_shard_keeps_the_worker_count_and_says_to_make_more(
     assert none_left()
 
 
+def test_the_doctor_says_workers_past_the_shards_read_nothing() -> None:
+    # to_iterable_dataset() makes one shard: of 2 workers, one read nothing, and the doctor
+    # put its figures down to "the work per batch is too small to hand over".
+    report = doctoring.doctor(
+        DataLoader(stream(1), batch_size=16, num_workers=2), checks=["workers-past-shards"]
+    )
+    found = report.finding("workers-past-shards")
+    assert found is not None and "1 of your 2 workers have nothing to read" in found.message
+    assert "num_workers=1" in found.fix and "num_shards=N" in found.fix
+    fits = doctoring.doctor(
+        DataLoader(stream(2), batch_size=16, num_workers=2), checks=["workers-past-shards"]
+    )
+    assert fits.finding("workers-past-shards") is None
+
+
 def test_items_batched_by_the_library_count_their_samples() -> None:
     loader = DataLoader(hf_dataset().to_iterable_dataset().batch(16), batch_size=None)
     count = sample_counter(loader)

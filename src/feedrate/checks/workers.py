@@ -173,7 +173,47 @@ def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
 
 
 #: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
+def workers_past_shards_finding(shards: int | None, workers: int) -> Finding | None:
+    """More workers than the shards of a library that gives each worker whole shards
+    (``libraries.worker_limit``: a Hugging Face ``IterableDataset``, a webdataset pipeline
+    split by worker): the workers past them have nothing to read."""
+    if shards is None or workers <= shards:
+        return None
+    idle = workers - shards
+    return Finding(
+        "workers-past-shards",
+        "warning",
+        f"num_workers={workers}, but the dataset has {shards} shard{'s' if shards != 1 else ''} "
+        f"and its library gives each worker whole shards: {idle} of your {workers} workers "
+        "have nothing to read (their start-up and memory buy nothing; webdataset may fail with "
+        "'No samples found')",
+        f"DataLoader(..., num_workers={shards}), or more shards to spread over more workers: "
+        "to_iterable_dataset(num_shards=N) for Hugging Face, more shard files for webdataset",
+    )
+
+
 DOCS = (
+    FindingDoc(
+        id="workers-past-shards",
+        title="More workers than the stream has shards",
+        means=(
+            "An IterableDataset whose library hands whole shards to workers (a Hugging Face "
+            "`IterableDataset`, whose shards `to_iterable_dataset()` sets to 1 by default; a "
+            "webdataset pipeline split by worker) has fewer shards than `num_workers`: the "
+            "workers past them get none and read nothing, and a measurement of those settings "
+            "is one of fewer workers."
+        ),
+        evidence=(
+            "From `doctor`: the shards read off the dataset object (`num_shards`, the shard "
+            "list) against `num_workers`; nothing is run. `tune` and `autotune` never try more "
+            "workers than shards."
+        ),
+        fix=(
+            "As many workers as shards, or more shards: `to_iterable_dataset(num_shards=N)`, "
+            "more shard files."
+        ),
+        severity="warning",
+    ),
     FindingDoc(
         id="too-few-workers",
         title="Your num_workers is too low",

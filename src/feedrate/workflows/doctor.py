@@ -39,10 +39,11 @@ from feedrate.checks.workers import (
     data_stall_finding,
     startup_cause,
     startup_finding,
+    workers_past_shards_finding,
 )
 from feedrate.errors import PipelineError
 from feedrate.loader.batches import epoch_samples
-from feedrate.loader.libraries import class_name, epoch_per_worker
+from feedrate.loader.libraries import class_name, epoch_per_worker, worker_limit
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import workers as worker_runs
@@ -310,13 +311,14 @@ class _Doctor:
         ]
 
     def _dataset(self) -> list[Finding | None]:
-        seen, mine, per_worker = self.seen, self.workers, epoch_per_worker(self.loader.dataset)
+        seen, mine, data, w = self.seen, self.workers, self.loader.dataset, self.config.num_workers
         return [
             checks_dataset.thread_finding(seen.views, seen.run, mine, self.facts.cpus_usable),
             checks_dataset.shared_rng_finding(seen.views, mine),
             None if seen.digests is None else checks_dataset.duplicates_finding(seen.digests, mine),
             checks_dataset.copy_on_read_finding(self.containers, seen.run),
-            checks_dataset.epoch_per_worker_finding(per_worker, self.config.num_workers),
+            checks_dataset.epoch_per_worker_finding(epoch_per_worker(data), w),
+            workers_past_shards_finding(worker_limit(data), w),
         ]
 
     def _performance_findings(self) -> list[Finding | None]:

@@ -39,6 +39,7 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "data-stall": ("performance", "memory"),
     "trials-failed": ("performance",),
     "epoch-per-worker": ("static",),
+    "workers-past-shards": ("static",),
     # In every rank of a distributed job: each rank's facts, gathered (``doctor_node``).
     "node-worker-oversubscription": ("node",),
     "node-thread-oversubscription": ("node",),
@@ -68,6 +69,7 @@ TUNE_CHECKS = (
     "shared-rng",
     "thread-oversubscription",
     "epoch-per-worker",
+    "workers-past-shards",
 )
 #: Seconds of the memory run where the dataset holds large Python containers (to see worker
 #: memory grow), and otherwise (a batch, and the workers' threads while loading).
