@@ -610,3 +610,17 @@ def test_unsplit_streams_of_samples_are_duplicates_whatever_the_noise(dataset: A
         "iterable-duplicates"
     )
     assert found is not None and found.severity == "error"
+
+
+@pytest.mark.parametrize("probe", ["stream_digests", "inspect_workers"])
+def test_the_probes_leave_the_user_s_random_state_as_it_was(probe: str) -> None:
+    # iter() of a loader draws its workers' base seed from the global generator (or the
+    # loader's own): autotune's stream probe at its start left training one draw ahead.
+    own = torch.Generator().manual_seed(3)
+    loader = DataLoader(UnshardedStream(), batch_size=8, generator=own)
+    torch.manual_seed(5)
+    getattr(experiments, probe)(loader)
+    after = torch.rand(3), torch.randint(9, (3,), generator=own)
+    torch.manual_seed(5)
+    untouched = torch.rand(3), torch.randint(9, (3,), generator=torch.Generator().manual_seed(3))
+    assert all(torch.equal(a, b) for a, b in zip(after, untouched, strict=True))

@@ -315,6 +315,7 @@ def test_sigterm_while_the_report_is_written_ends_the_process_after_it(tmp_path:
         "import os, signal, time\n"
         "from feedrate.running import agent\n"
         "agent.start()\n"
+        "signal.signal(signal.SIGTERM, agent._on_sigterm)\n"  # as at the first loader iterated
         "def report():\n"
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(0.2)\n"  # the handler has run meanwhile

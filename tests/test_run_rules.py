@@ -334,8 +334,8 @@ def test_a_loader_a_trainer_built_is_advised_its_integration(
     starved.bottleneck = rules.bottleneck_of(starved, 2)
     steps = rules.next_step(starved, ["train.py"], 2)
     assert steps[-1].startswith(f"in code, at train.py:9: {line}")
-    said = "TrainingArguments(..., dataloader_num_workers=4)" if trainer == "transformers" else ""
-    assert said in steps[0]
+    said = "TrainingArguments(..., dataloader_num_workers=4)" in steps[0]
+    assert said == (trainer == "transformers") and ("DataLoader(" in steps[0]) != said
 
 
 def test_settings_autotune_was_still_trying_are_not_offered_to_keep() -> None:
@@ -385,6 +385,22 @@ def report_of() -> RunReport:
     from feedrate.running.gather import decide
 
     return decide(report, ["train.py"])
+
+
+@pytest.mark.parametrize("affinity", [4, 2, None])
+def test_ranks_share_the_node_s_cpus_unless_pinned_apart(affinity: int | None) -> None:
+    # 2 ranks on 4 CPUs, CPU-bound: each is advised its share, 2 workers; a rank pinned to 2
+    # CPUs of its own sees its share already, and is not halved again (to 1).
+    machine = {"cpus_usable": affinity or 4, "cpu_count": 4, "cpus_affinity": affinity}
+    procs = [
+        ProcessRun(pid=5 + r, rank=r, loaders=[run_of(rank=r)], machine=machine) for r in (0, 1)
+    ]
+    report = RunReport(["train.py"], 0, 9.5, processes=procs, machine=machine)
+    from feedrate.running.gather import decide
+
+    first = decide(report, ["train.py"]).loaders[0].next_step[0]
+    assert first.startswith("try DataLoader(..., num_workers=2)"), first
+    assert ("in each of the 2 ranks" in first) == (affinity != 2), first
 
 
 def test_the_report_round_trips_through_json() -> None:

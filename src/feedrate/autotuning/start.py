@@ -246,8 +246,9 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
     return None
 
 
-#: How ``unsplit_stream`` begins where 2 workers were seen to yield the same samples.
-SAME_ITEMS = "2 workers did not yield different items"
+#: How ``unsplit_stream`` begins where 2 workers were seen to yield the same samples (not
+#: where too few distinct items told nothing).
+SAME_SAMPLES = "2 workers did not yield different items (the same samples"
 
 
 def unsplit_stream(
@@ -274,7 +275,7 @@ def unsplit_stream(
     if seen.verdict == "split":
         return None, digests.cpu_share
     why = {
-        "duplicates": f"{SAME_ITEMS} (the same samples, by {seen.by})",
+        "duplicates": f"{SAME_SAMPLES}, by {seen.by})",
         "unknown": "2 workers did not yield different items that could be told apart (too few "
         "distinct ones)",
     }[seen.verdict]

@@ -208,7 +208,7 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> l
             steps.append(
                 f"{moved}{_pct(tuned.stall_before)} with your settings → "
                 f"{_pct(tuned.stall_after)} once tuned); to keep it without autotune: "
-                + in_words_of(_words(ld), f"DataLoader(..., {kwargs})")
+                + in_words_of(words_of(ld), f"DataLoader(..., {kwargs})")
             )
         else:  # a trial, not an answer: keeping it by hand could keep a configuration it left
             steps.append(
@@ -230,7 +230,7 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> l
     if needed is not None and needed != ld.config.num_workers and tuned is None:
         each = f" in each of the {ranks} ranks on this node" if ranks > 1 else ""
         steps.append(
-            in_words_of(_words(ld), f"try DataLoader(..., num_workers={needed})")
+            in_words_of(words_of(ld), f"try DataLoader(..., num_workers={needed})")
             + f"{each}: the run shows it takes about that many "
             f"to make batches as fast as the loop steps; up to {saved:,.1f} s of the "
             f"{ld.loop_s:,.1f} s loop ({stall:.0%}) was spent waiting"
@@ -259,7 +259,7 @@ INTEGRATION_LINES = {
 }
 
 
-def _words(ld: LoaderRun) -> str:
+def words_of(ld: LoaderRun) -> str:
     """Whose words the advice for ``ld`` takes: a transformers ``Trainer``'s loader is set by
     its ``TrainingArguments``."""
     return BY_TRAINER if ld.built_by == "transformers" else ld.loader_type

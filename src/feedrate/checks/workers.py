@@ -172,7 +172,6 @@ def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
     )
 
 
-#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
 def workers_past_shards_finding(shards: int | None, workers: int) -> Finding | None:
     """More workers than the shards of a library that gives each worker whole shards
     (``libraries.worker_limit``: a Hugging Face ``IterableDataset``, a webdataset pipeline
@@ -192,6 +191,7 @@ def workers_past_shards_finding(shards: int | None, workers: int) -> Finding | N
     )
 
 
+#: What each finding id of this module means, its evidence and its fix (``feedrate explain``).
 DOCS = (
     FindingDoc(
         id="workers-past-shards",
@@ -204,9 +204,9 @@ DOCS = (
             "is one of fewer workers."
         ),
         evidence=(
-            "From `doctor`: the shards read off the dataset object (`num_shards`, the shard "
-            "list) against `num_workers`; nothing is run. `tune` and `autotune` never try more "
-            "workers than shards."
+            "From `doctor` and `tune`: the shards read off the dataset object (`num_shards`, "
+            "the shard list) against `num_workers`; nothing is run. `tune` and `autotune` never "
+            "try more workers than shards."
         ),
         fix=(
             "As many workers as shards, or more shards: `to_iterable_dataset(num_shards=N)`, "

@@ -159,7 +159,7 @@ def rebuild(
             kwargs[optional] = getattr(loader, optional)
     with quiet_worker_count_warning():
         if type(loader) is DataLoader:
-            return DataLoader(**kwargs)
+            return allow_many_workers(DataLoader(**kwargs))
         new = _rebuild_subclass(loader, kwargs, config)
     libraries.carry_state(loader, new)  # litdata's epoch goes on where the loader's stood
     return allow_many_workers(new)
@@ -347,14 +347,15 @@ def _factory(source: object) -> TypeGuard[Callable[[], Any]]:
     return callable(source) and not isinstance(source, DataLoader) and not web
 
 
-def built_per_run(source: object, loader: DataLoader[Any]) -> None:
-    """Raise ``UserError`` where ``loader`` (from ``source``) must be built afresh for each
-    run but ``source`` is the loader itself, not a function that builds it: its dataset,
-    iterated in this process, breaks the workers forked after it (MosaicML's
-    ``StreamingDataset``: its trials with workers hung, or failed, after the first batch made
-    here). ``tune`` and ``doctor`` measure both."""
-    unsafe = libraries.unsafe_to_iterate_here(loader.dataset)
-    if unsafe is None or _factory(source):
+def built_per_run(source: object) -> None:
+    """Raise ``UserError`` where the loader must be built afresh for each run but ``source``
+    is the loader itself, not a function that builds it: its dataset, iterated in this
+    process, breaks the workers forked after it (MosaicML's ``StreamingDataset``: its trials
+    with workers hung, or failed, after the first batch made here). ``tune`` measures both."""
+    if _factory(source):
+        return
+    unsafe = libraries.unsafe_to_iterate_here(loader_of(source).dataset)  # type: ignore[arg-type]
+    if unsafe is None:
         return
     raise UserError(
         f"{unsafe}, and measuring runs it both in this process and in workers: give a function "

@@ -20,6 +20,7 @@ from feedrate.loader import started
 from feedrate.loader.forwarding import Forwarding
 from feedrate.loader.rebuild import is_iterable_style, quiet_worker_count_warning
 from feedrate.machine.facts import THREAD_ENV_VARS
+from feedrate.measuring import random_state
 from feedrate.measuring.dataset_objects import digest, draw, generators, identity
 from feedrate.measuring.diagnosis import explain
 from feedrate.measuring.failures import (
@@ -268,10 +269,12 @@ def inspect_workers(loader: DataLoader[Any], *, timeout_s: float = 30.0) -> list
     """A look inside each of 2 workers right after the user's ``worker_init_fn`` (its random
     draws taken first; then, where a native thread pool is loaded, one item of a map-style
     dataset, to see whether it starts the pool: ``_used_pools``). Raises ``PipelineError`` when
-    the workers fail to start."""
+    the workers fail to start. The user's random state is left as it was (``random_state``:
+    iter() draws the workers' base seed from it)."""
     probe = _Inspect(loader.dataset, _feedrate_count=WORKERS)
     views: list[WorkerView] = []
-    with Workers(_loader_like(loader, probe, timeout_s, prefetch_factor=1), timeout_s) as it:
+    like = _loader_like(loader, probe, timeout_s, prefetch_factor=1)
+    with random_state.kept(loader), Workers(like, timeout_s) as it:
         for view in it:
             views.append(view)
     return sorted(views, key=lambda v: v.worker_id)
@@ -289,7 +292,8 @@ def stream_digests(
     about ``seconds`` from the first item (worker start-up is not counted: under spawn it alone
     can take seconds), the global random generators seeded before every item, alike in both
     (``PROBE_SEEDS``), and hash every item's identity and content in its worker; with the
-    share of its time a worker making items spent on a CPU (``cpu_share``)."""
+    share of its time a worker making items spent on a CPU (``cpu_share``). The user's random
+    state is left as it was (``random_state``: autotune's probe must not move its order)."""
     if not is_iterable_style(loader):
         raise ValueError("stream_digests needs an IterableDataset")
     tagged = _Tagged(loader.dataset, _feedrate_limit=limit)
@@ -298,7 +302,8 @@ def stream_digests(
     began: float | None = None
     complete = True
     cpu_s = wall_s = 0.0
-    with Workers(_loader_like(loader, tagged, timeout_s), timeout_s) as it:
+    like = _loader_like(loader, tagged, timeout_s)
+    with random_state.kept(loader), Workers(like, timeout_s) as it:
         for worker_id, item_identity, item_digest, item_cpu, item_wall in it:
             began = clock() if began is None else began
             per_worker.setdefault(worker_id, []).append(item_digest)

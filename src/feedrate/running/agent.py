@@ -10,6 +10,8 @@ program: every failure here is swallowed (and noted in the report where there is
 A report is written at exit (``atexit``, and multiprocessing's own exit for its children), and
 on SIGTERM when the program left SIGTERM to its default when it first iterated a loader (the
 report is written, then the signal takes its default course, so the exit status is unchanged).
+A SIGTERM that comes while the report is written waits for it (a ``Pool`` ends its workers so
+as they exit), then takes the same course.
 """
 
 from __future__ import annotations
@@ -224,25 +226,23 @@ def write_report() -> None:
         return
     _state["written"] = _state["writing"] = True
     _block(signal.SIGCHLD)
-    if threading.current_thread() is threading.main_thread():
-        with contextlib.suppress(ValueError, OSError):
-            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)  # to wait, as below
     error = None
-    for _ in range(2):
-        try:
-            _write(report())
-            error = None
-            break
-        except Exception as exc:
-            error = exc
-    if error is not None:
-        sys.stderr.write(f"feedrate run: this process's report was lost: {error!r}\n")
-        with contextlib.suppress(OSError), open(_path(".lost"), "w") as fh:
-            fh.write(repr(error))
-    _state["writing"] = False
-    if _state.pop("terminated", False):  # SIGTERM came as it was written: it ends us now
-        _on_sigterm(signal.SIGTERM, None)
+    try:
+        for _ in range(2):
+            try:
+                _write(report())
+                error = None
+                break
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            sys.stderr.write(f"feedrate run: this process's report was lost: {error!r}\n")
+            with contextlib.suppress(OSError), open(_path(".lost"), "w") as fh:
+                fh.write(repr(error))
+    finally:
+        _state["writing"] = False
+        if _state.pop("terminated", False):  # SIGTERM came as it was written: it ends us now
+            _on_sigterm(signal.SIGTERM, None)
     if getattr(sys, "last_type", None) is KeyboardInterrupt and _main_process():
         _exit_as_interrupted()
 

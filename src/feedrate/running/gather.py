@@ -11,7 +11,7 @@ from typing import Any
 
 from feedrate import __version__
 from feedrate.checks import stall as rules
-from feedrate.results.findings import by_severity
+from feedrate.results.findings import by_severity, for_loader
 from feedrate.results.run import ProcessRun, RunReport
 from feedrate.running.launch import Outcome
 
@@ -42,13 +42,20 @@ def decide(report: RunReport, command: list[str]) -> RunReport:
     """Fill in each loader's role, bottleneck, findings and next step, and the verdict."""
     machine = report.machine
     cpus = int(machine.get("cpus_usable") or os.cpu_count() or 1)
-    # The ranks feedrate run followed share this node's CPUs: each gets its share of them.
-    ranks = max(1, len({p.rank for p in report.processes if p.rank is not None and p.loaders}))
+    # The ranks feedrate run followed share this node's CPUs: each gets its share of them,
+    # unless each is pinned to CPUs of its own (SLURM's --cpu-bind): then it sees its share.
+    ranked = [p for p in report.processes if p.rank is not None and p.loaders]
+    ranks = max(1, len({p.rank for p in ranked}))
+    count = machine.get("cpu_count") or 0
+    if all(0 < (p.machine.get("cpus_affinity") or count) * ranks <= count for p in ranked):
+        ranks = 1
     for proc in report.processes:
         for ld, role in zip(proc.loaders, rules.roles(proc.loaders), strict=True):
             ld.role = role
             ld.bottleneck = rules.bottleneck_of(ld, cpus)
-            ld.findings = by_severity(rules.findings(ld, machine, cpus))
+            ld.findings = for_loader(
+                by_severity(rules.findings(ld, machine, cpus)), rules.words_of(ld)
+            )
             ld.next_step = rules.next_step(ld, command, cpus, ranks) if role == "train" else []
     loaders = report.loaders
     report.verdict = rules.verdict(

@@ -90,9 +90,10 @@ def command_of(args: Sequence[str], module: bool = False) -> list[str]:
         if not os.path.isfile(first):
             raise UserError(f"no such script: {first}")
         return [sys.executable, *args]
-    if os.path.isfile(os.path.join(first, "__main__.py")):  # python runs a folder's __main__
-        return [sys.executable, *args]
     found = found_command(first)
+    folder = os.path.isfile(os.path.join(first, "__main__.py"))  # python runs its __main__
+    if folder and (found is None or os.sep in first):  # a command of that name comes first
+        return [sys.executable, *args]
     if found is None:
         raise UserError(f"no such script or command: {first}")
     return [found, *args[1:]]

@@ -135,8 +135,7 @@ class Watch:
         self.last = None
 
     def result(self, pid: int, rank: int | None) -> LoaderRun:
-        cpu = sum(self.worker_cpu.values())
-        runq = sum(self.worker_runq.values())
+        cpu, runq = sum(self.worker_cpu.values()), sum(self.worker_runq.values())
         loop = self.wait + self.step
         busy = None
         if self.busy_first is not None and self.busy_last is not None:
@@ -179,8 +178,7 @@ class Watch:
 
     def name(self) -> str | None:
         """``file.py:NAME`` where the loader is a module-level name of the module that built
-        it and importing that module gives it at once (what ``feedrate tune`` takes), else
-        None."""
+        it and importing that module gives it at once (what ``feedrate tune`` takes)."""
         loader, module = self.loader(), sys.modules.get(self.module or "")
         if loader is None or module is None:
             return None
@@ -291,9 +289,11 @@ class Registry:
         watch.key = (watch.site, inner, by, watch.dataset_type, watch.config, _batching(loader))
         with self.lock:
             for seen in reversed(self.watches):
-                # Over the same dataset; or a new one of its kind once an epoch ended (a loop
-                # that builds its dataset again every epoch), not one beside it (train, val).
-                again = seen.dataset_id == watch.dataset_id or (seen.epochs and seen.last is None)
+                # Over the same dataset; or a new one of its kind and length once an epoch ended
+                # (a loop that builds its dataset again every epoch), not one beside it (val).
+                again = seen.dataset_id == watch.dataset_id or bool(
+                    seen.epochs and seen.last is None and watch.epoch_batches is not None
+                )
                 if seen.key == watch.key and again:
                     seen.loader = watch.loader
                     self.by_loader[loader] = seen

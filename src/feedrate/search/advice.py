@@ -181,12 +181,14 @@ def _reason(
     if unmeasured is not None:
         return unmeasured
     past = space.copies_past
-    copies = [x for x in trials or [] if past is not None and x.config.num_workers > past]
-    if copies:
+    copies = [
+        x for x in trials or [] if x.measured and past is not None and x.config.num_workers > past
+    ]
+    if copies and best.config.num_workers <= (past or 0):
         return (
             f"{', '.join(x.config.label() for x in copies)} counted copies: each of their workers "
-            f"yields the whole stream, so its samples/s are not samples; of the rest, "
-            f"{best.config.label()} measured fastest ({rate(best.median)} samples/s)."
+            f"yields the whole stream, so its samples/s are not samples; {best.config.label()} "
+            f"is the pick of the rest ({rate(best.median)} samples/s)."
         )
     t = best.config.threads
     if t > 1:

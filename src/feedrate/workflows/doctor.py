@@ -341,7 +341,7 @@ class _Doctor:
         if self.consumer is not None and bottleneck is not None and workers is None:
             stall = data_stall_finding(base, bottleneck.fix)  # else too-few says it
         return [
-            startup_finding(base, epoch_samples(self.loader, self.compared.measured()), cause),
+            startup_finding(base, epoch_samples(self.loader, [base]), cause),
             workers,
             bottleneck,
             stall,

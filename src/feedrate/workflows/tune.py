@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from feedrate.autotuning.start import SAME_ITEMS, unsplit_stream
+from feedrate.autotuning.start import SAME_SAMPLES, unsplit_stream
 from feedrate.checks import transfer as checks_transfer
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
@@ -103,11 +103,11 @@ def tune(
     (``feedrate.workflows.tune_node``). ``coordinate=False`` tunes this process alone.
     """
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
+    built_per_run(source)  # before sharding makes a function of it
     channel = tune_node.channel(coordinate, budget_s, timeout_s)
     if channel is not None and shard:
         source = tune_node.shard_source(source, channel.ranks)
     loader = loader_of(source)
-    built_per_run(source, loader)
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     node_facts = machine or collect()
@@ -116,7 +116,7 @@ def tune(
         facts = share(node_facts, channel.ranks.local_world, channel.ranks.node_cpus)
         node_facts = of_node(node_facts, channel.ranks.node_cpus)
     unsplit = _unsplit(loader, channel)
-    own = config_of(loader)
+    own, shards = config_of(loader), libraries.worker_limit(loader.dataset)
     space = space_for(
         facts,
         own,
@@ -125,13 +125,13 @@ def tune(
         memory_limit=memory_limit,
         allow_reorder=allow_reorder and not is_iterable_style(loader) and supports("in_order"),
         epoch_batches=epoch_length(loader),
-        parts=own.num_workers if unsplit else libraries.worker_limit(loader.dataset),
+        parts=min(own.num_workers, shards or own.num_workers) if unsplit else shards,
     )
     space = replace(
         space,
         max_threads=thread_cap(loader),
         kept_workers=unsplit,
-        copies_past=1 if unsplit and unsplit.startswith(SAME_ITEMS) else None,
+        copies_past=1 if unsplit and unsplit.startswith(SAME_SAMPLES) else None,
         allow_threads=allow_threads or space.baseline.threads > 1,
     )
     options = cache.tune_options(

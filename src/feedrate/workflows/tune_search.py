@@ -315,7 +315,7 @@ class TuneSearch:
         if loser is not None:  # pinned only where its measurement both ways says so
             best = choose(self.space, [t for t in self.trials if t is not loser]) or baseline
         chosen = best  # as measured: pinning's verdict reads its twin
-        samples = epoch_samples(self.loader, self.trials)
+        samples = epoch_samples(self.loader, [best, *self.trials])
         persistent = advice.judge_persistent(best, samples)
         advice.verdicts(self.space, self.trials, best, loser)
         final = advice.apply_persistent(best, persistent)
