@@ -4,6 +4,7 @@ JSON round-trips. No timing thresholds: speed is proved in benchmarks/, not here
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
@@ -99,6 +100,18 @@ def test_a_stream_s_epoch_is_counted_where_one_ends_and_judges_persistent_worker
     trial.epoch_restart_s = [0.2]  # 0.2 s to start again, each epoch of 96 samples
     trial.samples_per_s = 480.0  # an epoch of 0.2 s
     assert judge_persistent(trial, epoch_samples(loader, [trial]))["recommended"]
+
+
+def test_the_main_thread_s_time_queued_for_a_cpu_is_read() -> None:
+    # Without workers the main thread makes the batches: its run-queue time is its work held
+    # up by other processes (search.bottleneck reads it), read as the workers' is.
+    if not os.path.exists(f"/proc/{os.getpid()}/schedstat"):
+        pytest.skip("no schedstat here: run-queue time is read on Linux only")
+    loader = DataLoader(BusyDataset(n=256, cpu_s=0.001), batch_size=8)
+    m = measure(loader, LoaderConfig(0), batches=10, windows_count=2)
+    queued = m.processes.main.runq_util
+    assert queued is not None and queued >= 0.0
+    assert Trial.of(m, "w=0").main_runq == queued
 
 
 def test_more_workers_than_cpus_no_warning_but_a_note() -> None:

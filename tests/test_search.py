@@ -331,6 +331,12 @@ def test_bottleneck_classes() -> None:
     # ... nor with a consumer: the share of its fetching time on a CPU counts, not its step's.
     fed = make_trial(LoaderConfig(0), "", Figures(50, 0.4, 0), 100.0)
     assert fed.stall_fraction == 0.5 and bottleneck(fed, 2) == "no-workers"
+    # No workers on a busy machine: the main thread computed 40% of the time and sat queued
+    # for a CPU 50%: its work held up, not asleep (it read as latency-bound).
+    held_up = make_trial(LoaderConfig(0), "", Figures(1, 0.4, 0), None)
+    assert bottleneck(held_up, 2) == "latency"
+    held_up.main_runq = 0.5
+    assert bottleneck(held_up, 2) == "no-workers"
 
 
 def test_an_answer_with_no_workers_measured_is_no_verdict_on_them() -> None:

@@ -211,6 +211,9 @@ class ProcessProbe:
 
     def _counters(self, wall: float) -> dict[str, float]:
         out = {"wall": wall, "main": _cpu(self._me) or 0.0, "system": system_busy()}
+        queued = runq_wait(self._me.pid)  # its main thread's: the loop's, making w=0 batches
+        if queued is not None:
+            out["mainq"] = queued
         out["probe"] = _thread_cpu(self._me, self._probe_tid)
         out["pin"] = _thread_cpu(self._me, self._pin_tid)
         for worker_id, (proc, _fig) in self._workers.items():
@@ -246,6 +249,8 @@ class ProcessProbe:
         rep.probe_cpu_s += delta("probe")
         pin_s = delta("pin")
         _add(rep.main, max(0.0, delta("main") - pin_s - delta("probe")), span)
+        if "mainq" in start and "mainq" in end:
+            rep.main.runq_s = (rep.main.runq_s or 0.0) + delta("mainq")
         if rep.pin_memory_thread is not None:
             _add(rep.pin_memory_thread, pin_s, span)
         for worker_id, (proc, fig) in self._workers.items():

@@ -27,6 +27,7 @@ def probe_fields(processes: ProbeReport) -> dict[str, Any]:
     pss = [w.pss_bytes for w in workers if w.pss_bytes is not None]
     return {
         "main_cpu": processes.main.cpu_util,
+        "main_runq": processes.main.runq_util,
         "workers_cpu": sum(w.cpu_util for w in workers),
         "workers_runq": _sum_known([w.runq_util for w in workers]),
         "main_uss_bytes": processes.main.uss_bytes,
@@ -56,6 +57,9 @@ class Trial:
     #: Samples in an epoch, where the trial saw one end (``Measurement.epoch_samples``).
     epoch_samples: int | None = None
     main_cpu: float = 0.0
+    #: The main thread's seconds per second queued for a CPU (Linux schedstat; None elsewhere):
+    #: without workers it makes the batches, and on a busy machine this is its work held up.
+    main_runq: float | None = None
     workers_cpu: float = 0.0
     workers_runq: float | None = None
     main_uss_bytes: int | None = None

@@ -62,7 +62,9 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
     if t.config.num_workers == 0:
         # The main process fetching its samples itself: asleep most of the time it waits for
         # one, it waits on I/O (a consumer's step aside), and more requests in flight help.
-        fetching = t.main_cpu / t.stall_fraction if t.stall_fraction else t.main_cpu
+        # Queued for a CPU it is not asleep: on a busy machine that is its work held up.
+        making = t.main_cpu + (t.main_runq or 0.0)
+        fetching = making / t.stall_fraction if t.stall_fraction else making
         return "latency" if fetching < WAITING_DEMAND else "no-workers"
     if t.main_cpu >= 0.85:
         return "main-process"
