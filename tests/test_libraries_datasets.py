@@ -18,6 +18,9 @@ from feedrate.loader.libraries import worker_limit
 from feedrate.workflows import doctor as doctoring
 
 pytest.importorskip("datasets", reason="datasets is not installed")
+# A stream's tuned answer may keep persistent workers: ended after each test, even where a
+# failed assertion keeps its loader alive (see conftest.end_persistent_workers).
+pytestmark = pytest.mark.usefixtures("end_persistent_workers")
 
 
 def stream(shards: int = 4) -> Any:

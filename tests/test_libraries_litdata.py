@@ -19,6 +19,9 @@ import feedrate
 from feedrate.loader.code import code_line
 
 litdata = pytest.importorskip("litdata", reason="litdata is not installed")
+# A stream's tuned answer may keep persistent workers: ended after each test, even where a
+# failed assertion keeps its loader alive (see conftest.end_persistent_workers).
+pytestmark = pytest.mark.usefixtures("end_persistent_workers")
 
 
 def make(root: Path, workers: int = 0) -> Any:

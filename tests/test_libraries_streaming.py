@@ -23,6 +23,9 @@ from feedrate.workflows import doctor as doctoring
 with stub_unloadable_torchvision():
     streaming = pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")
 
+# A stream's tuned answer may keep persistent workers: ended after each test, even where a
+# failed assertion keeps its loader alive (see conftest.end_persistent_workers).
+pytestmark = pytest.mark.usefixtures("end_persistent_workers")
 
 MADE: list[Any] = []
 
