@@ -19,7 +19,6 @@ from feedrate.loader import started
 from feedrate.loader import threaded as fetching
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import (
-    allow_many_workers,
     quiet_worker_count_warning,
     rebuild,
 )
@@ -108,9 +107,10 @@ class Lane:
         self.config, self._clock = config, clock
         self.feed = Feed() if split else None
         persistent = replace(config, persistent_workers=config.num_workers > 0)
-        # allow_many_workers: DataLoader's warning, which iter() of a generator __iter__ (a
-        # StreamingDataLoader's) would print outside quiet_worker_count_warning, is ours to judge.
-        self.loader = allow_many_workers(rebuild(user, persistent, batch_sampler=self.feed))
+        # rebuild's loaders do not warn of more workers than CPUs (``allow_many_workers``): that
+        # warning, which iter() of a generator __iter__ (a StreamingDataLoader's) would print
+        # outside quiet_worker_count_warning, is ours to judge.
+        self.loader = rebuild(user, persistent, batch_sampler=self.feed)
         if seed is not None:
             # Worker seeds from the epoch's own draw; the user's generator is left alone.
             self.loader.generator = torch.Generator().manual_seed(seed)
@@ -147,7 +147,7 @@ class Lane:
                 if device is not None:  # a new thread starts on GPU 0: pin on the loop's GPU
                     torch.cuda.set_device(device)
                 # Not quiet_worker_count_warning: warnings' filters are the whole process's,
-                # not a thread's; allow_many_workers keeps this loader from warning.
+                # not a thread's; rebuild's allow_many_workers keeps this loader from warning.
                 self.start(stream, keep=keep, quiet=False)
             except BaseException as exc:  # raised by ready(), in the loop's thread
                 self._failed = exc

@@ -110,7 +110,7 @@ def starting_point(
     # An IterableDataset that does not split its stream by worker yields all of it once per
     # worker: its worker count changes only when 2 workers were seen to yield different
     # samples (a few seconds, once) or its library is known to split it.
-    unsplit, share = unsplit_stream(loader) if is_iterable_style(loader) else (None, None)
+    unsplit, share, _ = unsplit_stream(loader) if is_iterable_style(loader) else (None, None, False)
     space = replace(space, busy_worker_cpu=share, batch_size=loader.batch_size)
     first = functools.cache(functools.partial(first_batch, loader))  # made once, if at all
     config, started_from, stall = _start_config(loader, facts, space, keys, first)
@@ -246,40 +246,44 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
     return None
 
 
-#: How ``unsplit_stream`` begins where 2 workers were seen to yield the same samples (not
-#: where too few distinct items told nothing).
-SAME_SAMPLES = "2 workers did not yield different items (the same samples"
-
-
 def unsplit_stream(
     loader: DataLoader[Any], who: str = "autotune"
-) -> tuple[str | None, float | None]:
+) -> tuple[str | None, float | None, bool]:
     """Why an IterableDataset loader must keep its own worker count, or None (its library is
     known to split the stream by worker, or 2 workers were seen to yield different samples,
     by identity or by content seeded alike: never on too little to tell). With workers of
     its own, each added worker would yield the whole stream once more. Beside it, the share
-    of their time the 2 workers making items were on a CPU, where they were seen to split."""
+    of their time the 2 workers making items were on a CPU, where they were seen to split;
+    and whether the 2 workers were seen to yield the same samples (not too few to tell)."""
     if libraries.splits_by_worker(loader.dataset) is not None:
-        return None, None  # known to split (and probing would use up a MosaicML epoch)
+        return None, None, False  # known to split (and probing would use up a MosaicML epoch)
     if libraries.worker_limit(loader.dataset) == 1:  # a probe's 2nd worker would stop at once
         return (
-            "its library gives each worker whole shards and it has 1, so a second worker would "
-            f"have nothing to read (make more shards to let {who} choose the workers: "
-            "to_iterable_dataset(num_shards=N), more shard files)"
-        ), None
+            (
+                "its library gives each worker whole shards and it has 1, so a second worker would "
+                f"have nothing to read (make more shards to let {who} choose the workers: "
+                "to_iterable_dataset(num_shards=N), more shard files)"
+            ),
+            None,
+            False,
+        )
     try:
         digests = stream_digests(loader, limit=32, seconds=2.0)
     except Exception as exc:  # the check itself failed: stay safe
-        return f"the check of its stream failed ({exc})", None
+        return f"the check of its stream failed ({exc})", None, False
     seen = streams.stream_verdict(digests)
     if seen.verdict == "split":
-        return None, digests.cpu_share
+        return None, digests.cpu_share, False
     why = {
-        "duplicates": f"{SAME_SAMPLES}, by {seen.by})",
+        "duplicates": f"2 workers did not yield different items (the same samples, by {seen.by})",
         "unknown": "2 workers did not yield different items that could be told apart (too few "
         "distinct ones)",
     }[seen.verdict]
     return (
-        f"{why}, so each worker may yield the whole stream (split it by get_worker_info() to "
-        f"let {who} choose the workers)"
-    ), None
+        (
+            f"{why}, so each worker may yield the whole stream (split it by get_worker_info() to "
+            f"let {who} choose the workers)"
+        ),
+        None,
+        seen.verdict == "duplicates",
+    )

@@ -113,18 +113,14 @@ class TuneResult:
     def loader(self, source: Any = None) -> Any:
         """The user's loader rebuilt with the best settings. A result loaded from JSON needs the
         original loader (or factory) passed in."""
-        from feedrate.loader.rebuild import allow_many_workers, for_the_user, loader_of, rebuild
+        from feedrate.loader.rebuild import for_the_user, loader_of, rebuild
 
         src = source if source is not None else self._source
         if src is None:
             raise ValueError("this result has no loader attached: pass the original loader")
         loader = loader_of(src)
-        with for_the_user():
-            tuned = rebuild(loader, self.best.config)
-        cpus = self.machine.get("cpus_usable")
-        if cpus and self.best.config.num_workers > cpus:
-            allow_many_workers(tuned)  # measured to pay here: DataLoader's warning would alarm
-        return tuned
+        with for_the_user():  # rebuilt: no warning of more workers than CPUs, measured to pay
+            return rebuild(loader, self.best.config)
 
     def to_dict(self) -> dict[str, Any]:
         return {

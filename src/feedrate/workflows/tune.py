@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from feedrate.autotuning.start import SAME_SAMPLES, unsplit_stream
+from feedrate.autotuning.start import unsplit_stream
 from feedrate.checks import transfer as checks_transfer
 from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
@@ -115,7 +115,7 @@ def tune(
     if channel is not None:
         facts = share(node_facts, channel.ranks.local_world, channel.ranks.node_cpus)
         node_facts = of_node(node_facts, channel.ranks.node_cpus)
-    unsplit = _unsplit(loader, channel)
+    unsplit, copies = _unsplit(loader, channel)
     own, shards = config_of(loader), libraries.worker_limit(loader.dataset)
     space = space_for(
         facts,
@@ -131,7 +131,7 @@ def tune(
         space,
         max_threads=thread_cap(loader),
         kept_workers=unsplit,
-        copies_past=1 if unsplit and unsplit.startswith(SAME_SAMPLES) else None,
+        copies_past=1 if copies else None,
         allow_threads=allow_threads or space.baseline.threads > 1,
     )
     options = cache.tune_options(
@@ -188,14 +188,18 @@ def tune(
     return result
 
 
-def _unsplit(loader: DataLoader[Any], channel: Any) -> str | None:
+def _unsplit(loader: DataLoader[Any], channel: Any) -> tuple[str | None, bool]:
     """Why an IterableDataset's loader keeps its worker count (``unsplit_stream``: each added
     worker may yield the whole stream once more, so its samples/s would count copies), or None;
-    in a job, every rank's probe is gathered and the first reason holds for all."""
-    mine = unsplit_stream(loader, "tune")[0] if is_iterable_style(loader) else None
+    and whether 2 workers were seen to yield the same samples. In a job, every rank's probe is
+    gathered and the first reason holds for all."""
+    mine: tuple[str | None, bool] = (None, False)
+    if is_iterable_style(loader):
+        why, _, same = unsplit_stream(loader, "tune")
+        mine = (why, same)
     if channel is None:
         return mine
-    return next((why for why in channel.all_gather(mine) if why), None)
+    return next((seen for seen in channel.all_gather(mine) if seen[0]), (None, False))
 
 
 def _check_budget(
