@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
 import feedrate
 
 
@@ -88,3 +96,34 @@ def test_functions_do_not_shadow_their_modules() -> None:
     assert importlib.import_module("feedrate.workflows.tune").tune is feedrate.tune
     assert importlib.import_module("feedrate.workflows.doctor").doctor is feedrate.doctor
     assert callable(feedrate.measure) and callable(feedrate.tune) and callable(feedrate.autotune)
+
+
+def _shuffled() -> DataLoader[Any]:
+    data = TensorDataset(torch.arange(4096, dtype=torch.float32).reshape(-1, 1))
+    return DataLoader(data, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda loader: feedrate.measure(loader, seconds=0.3, windows_count=2, device="cpu"),
+        lambda loader: feedrate.tune(loader, budget_s=8, trial_seconds=0.3, use_cache=False),
+        lambda loader: feedrate.doctor(loader, trial_seconds=0.3),
+    ],
+    ids=["measure", "tune", "doctor"],
+)
+def test_the_calls_leave_the_user_s_random_state_as_it_was(
+    call: Callable[[DataLoader[Any]], object],
+) -> None:
+    # Called in the training process before training, their runs shuffled with the loader's
+    # own generator and drew workers' seeds from torch's: the first epoch's order changed.
+    loader = _shuffled()
+    torch.manual_seed(5)
+    random.seed(5)
+    call(loader)
+    after = [b[0] for b in loader], torch.rand(3), random.random()
+    torch.manual_seed(5)
+    random.seed(5)
+    untouched = [b[0] for b in _shuffled()], torch.rand(3), random.random()
+    assert all(torch.equal(a, b) for a, b in zip(after[0], untouched[0], strict=True))
+    assert torch.equal(after[1], untouched[1]) and after[2] == untouched[2]

@@ -29,7 +29,7 @@ from feedrate.loader.rebuild import (
 )
 from feedrate.loader.threaded import unthreaded
 from feedrate.machine.facts import MachineFacts, collect
-from feedrate.measuring import interrupts, rates, runqueue, windows
+from feedrate.measuring import interrupts, random_state, rates, runqueue, windows
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import DeviceStep, parse_device
 from feedrate.measuring.diagnosis import explain
@@ -95,7 +95,8 @@ def measure(
 
     Raises ``PipelineError`` when the pipeline fails (its exception, a killed worker, no batch
     for ``timeout_s``) and ``UserError`` for bad arguments. Workers are always gone when this
-    returns or raises, Ctrl-C included.
+    returns or raises, Ctrl-C included. The random state the loader draws on (its generators,
+    torch's, Python's and numpy's) is left as it was (``random_state``).
     """
     check_seconds(timeout_s, "timeout_s")
     user_loader = loader_of(source)
@@ -116,7 +117,7 @@ def measure(
         on_device = DeviceStep(dev, bool(config.pin_memory), consumer)
         consume = on_device
     try:
-        with interrupts.stoppable():
+        with interrupts.stoppable(), random_state.kept(user_loader):
             timeline, report, nbytes = _run(
                 loader, starts, plan, clock, timeout_s, consume, steady, on_device
             )

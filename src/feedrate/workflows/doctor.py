@@ -46,6 +46,7 @@ from feedrate.loader.batches import epoch_samples
 from feedrate.loader.libraries import class_name, epoch_per_worker, worker_limit
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine.facts import MachineFacts
+from feedrate.measuring import random_state
 from feedrate.measuring import workers as worker_runs
 from feedrate.measuring.consumer import Consumer, make_consumer
 from feedrate.measuring.dataset_objects import large_containers
@@ -101,9 +102,9 @@ def doctor(
     that sees no batch for this long stops as hung. ``machine``: the facts to judge by (default
     this machine's); a mapping overrides only the fields it names, e.g.
     ``{"shm_free_bytes": 64 * 2**20}`` to ask how the pipeline would fare in a default Docker
-    container. Never raises for a failing pipeline: the
-    failure is in ``Report.pipeline_error`` and a ``check-failed`` finding. Raises
-    ``UserError`` for bad arguments. No worker outlives the call.
+    container. Never raises for a failing pipeline: the failure is in ``Report.pipeline_error``
+    and a ``check-failed`` finding. Raises ``UserError`` for bad arguments. No worker outlives
+    the call, nor a draw from the random state the loader's batches draw on.
     """
     loaders = Loaders(source)  # a factory TARGET: a fresh loader for each run
     check_seconds(trial_seconds, "trial_seconds")
@@ -111,7 +112,8 @@ def doctor(
     wanted = wanted_checks(checks)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     facts = facts_for(machine)  # a bad fact fails here, before the other ranks are met
-    with node_step(wanted, trial_seconds + timeout_s) as judged:  # in a distributed job
+    # In a distributed job; the loader's random state (its generators, the global ones) kept.
+    with node_step(wanted, trial_seconds + timeout_s) as judged, random_state.kept(loaders.first):
         doc = _Doctor(loaders.first, facts, consumer, wanted, timeout_s, progress)
         doc.compared.seconds, doc.compared.source = trial_seconds, loaders.source
         doc.loaders = loaders  # a factory's: a fresh loader for each run
@@ -206,13 +208,7 @@ class _Doctor:
             self.progress(name)
         began = time.monotonic()
         status: CheckStatus
-        run = {
-            "batch": self._batch,
-            "workers": self._workers,
-            "duplicates": self._duplicates,
-            "memory": self._memory,
-            "performance": self._performance,
-        }[name]
+        run = getattr(self, f"_{name}")  # _batch, _workers, _duplicates, _memory, _performance
         try:
             refuse_empty(self.loader)  # else the checks before the first batch pass vacuously
             run()
