@@ -122,6 +122,16 @@ def test_a_webloader_is_tuned_inside_and_keeps_its_stages(tmp_path: Path) -> Non
             batches = list(auto)
             assert {len(b[1]) for b in batches} == {12}  # the stages after it ran
             assert sorted(i for b in batches for i in b[1].tolist()) == list(range(N))
+    # tune's answer is a WebLoader again, its stages kept (it was the DataLoader inside alone).
+    staged = web.unbatched().batched(12)
+    result = feedrate.tune(staged, budget_s=8, trial_seconds=0.3, use_cache=False)
+    out = result.loader()
+    assert type(out) is type(staged) and out is not staged
+    assert feedrate.config_of(out.pipeline[0]) == result.best.config
+    assert {len(b[1]) for b in out} == {12}
+    assert sorted(i for b in out for i in b[1].tolist()) == list(range(N))
+    assert staged.pipeline[0] is web.pipeline[0]  # the user's pipeline unchanged
+    del out
     assert none_left()
 
 

@@ -7,7 +7,6 @@ next), and, for webdataset's
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -127,8 +126,5 @@ def around(webloader: Any, epoch: Callable[[], Iterator[Any]]) -> Callable[[], I
     """Iterate ``webloader``'s stages after its DataLoader (and its ``with_epoch``/``repeat``)
     on what ``epoch()`` yields instead of on its DataLoader. The user's pipeline is copied,
     never changed."""
-    pipe = copy.copy(webloader)
-    parts = libraries.webloader_parts(webloader)
-    assert parts is not None
-    pipe.pipeline = [epoch, *parts[1]]  # a callable first stage is called for each epoch
+    pipe = libraries.restaged(webloader, epoch)  # a callable first stage: called each epoch
     return lambda: iter(pipe)

@@ -11,6 +11,7 @@ not installed costs nothing and a look-alike of the user's own is not mistaken f
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from typing import Any
 
@@ -206,6 +207,18 @@ def webloader_parts(obj: object) -> tuple[DataLoader[Any], list[Any]] | None:
     if not isinstance(stages, list) or not stages or not isinstance(stages[0], DataLoader):
         return None
     return stages[0], list(stages[1:])
+
+
+def restaged(obj: object, first: Any) -> Any:
+    """``obj`` (webdataset's ``WebLoader``) copied with ``first`` (a DataLoader, or a function
+    called for each epoch) as its first stage and the stages after its DataLoader kept; ``first``
+    itself where ``obj`` is none. The user's pipeline is never changed."""
+    parts = webloader_parts(obj)
+    if parts is None:
+        return first
+    pipe = copy.copy(obj)
+    pipe.pipeline = [first, *parts[1]]  # type: ignore[attr-defined]
+    return pipe
 
 
 #: Where a DataLoader found inside a wrapper (a ``WebLoader``) keeps the wrapper's class name.

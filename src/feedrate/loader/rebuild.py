@@ -340,6 +340,16 @@ def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLo
     return source
 
 
+def rebuilt(source: DataLoader[Any] | Callable[[], DataLoader[Any]], config: LoaderConfig) -> Any:
+    """What the user iterates, rebuilt with ``config``: ``source`` (or what the function
+    ``source`` builds) rebuilt; a ``WebLoader`` copied with its DataLoader rebuilt and the
+    stages after it kept."""
+    if _factory(source):
+        with recording():
+            source = source()
+    return libraries.restaged(source, rebuild(loader_of(source), config))
+
+
 def _factory(source: object) -> TypeGuard[Callable[[], Any]]:
     """``source`` is a function that builds a loader, not one (a ``WebLoader`` is callable, as
     webdataset's pipelines are)."""

@@ -111,16 +111,16 @@ class TuneResult:
         return out
 
     def loader(self, source: Any = None) -> Any:
-        """The user's loader rebuilt with the best settings. A result loaded from JSON needs the
+        """The user's loader rebuilt with the best settings (a ``WebLoader``: a copy, its
+        DataLoader rebuilt, the stages after it kept). A result loaded from JSON needs the
         original loader (or factory) passed in."""
-        from feedrate.loader.rebuild import for_the_user, loader_of, rebuild
+        from feedrate.loader.rebuild import for_the_user, rebuilt
 
         src = source if source is not None else self._source
         if src is None:
             raise ValueError("this result has no loader attached: pass the original loader")
-        loader = loader_of(src)
         with for_the_user():  # rebuilt: no warning of more workers than CPUs, measured to pay
-            return rebuild(loader, self.best.config)
+            return rebuilt(src, self.best.config)
 
     def to_dict(self) -> dict[str, Any]:
         return {
