@@ -3,14 +3,18 @@ smoke test of collect() on the real machine."""
 
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedrate.cpus import usable_cpus
+from feedrate.machine import cgroups
+from feedrate.machine.cgroups import CpuPool, cpu_pool, parse_cpu_list
 from feedrate.machine.facts import (
     MachineFacts,
     cgroup_cpu_quota,
@@ -18,6 +22,7 @@ from feedrate.machine.facts import (
     collect,
     tasks_free,
 )
+from feedrate.measuring.processes import system_busy
 
 
 def write(path: Path, text: str) -> None:
@@ -299,3 +304,64 @@ def test_from_dict_rejects_missing_fields_and_bad_accelerator() -> None:
         MachineFacts.from_dict({k: v for k, v in d.items() if k != "cpus_usable"})
     with pytest.raises(ValueError, match="accelerator"):
         MachineFacts.from_dict({**d, "accelerator": "tpu"})
+
+
+# --- where the busy CPUs are counted: the cgroup's quota, its cpuset, or the machine -----------
+
+
+def test_a_quota_binds_the_busy_cpus_to_its_cgroup_s_usage(tmp_path: Path) -> None:
+    # A container of 2 CPUs on a busy 64-CPU host: the host's other tenants took 40 CPUs, which
+    # read as a busy machine (every trial contended, more workers only competing).
+    root, proc = v2_tree(tmp_path, "/kubepods/pod1/ctr")
+    write(root / "kubepods/pod1/ctr/cpu.max", "max 100000")
+    write(root / "kubepods/pod1/ctr/cpu.stat", "usage_usec 7000000\nuser_usec 6000000")
+    write(root / "kubepods/pod1/cpu.max", "200000 100000")
+    write(root / "kubepods/pod1/cpu.stat", "usage_usec 9500000\nuser_usec 9000000")
+    pool = cpu_pool(root, proc)
+    assert pool.usage == root / "kubepods/pod1/cpu.stat"
+    assert system_busy(pool) == pytest.approx(9.5)
+    write(root / "kubepods/pod1/cpu.stat", "usage_usec 11500000")
+    assert system_busy(pool) == pytest.approx(11.5)
+
+
+def test_a_v1_quota_reads_cpuacct_usage(tmp_path: Path) -> None:
+    root, proc = v1_tree(tmp_path, cpu="/docker/abc")
+    write(root / "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "150000")
+    write(root / "cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000")
+    write(root / "cpu,cpuacct/docker/abc/cpuacct.usage", "2500000000")
+    assert system_busy(cpu_pool(root, proc)) == pytest.approx(2.5)
+
+
+def test_a_cpuset_of_some_cpus_counts_those_cpus_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, proc = v2_tree(tmp_path, "/ctr")
+    write(root / "cpuset.cpus.effective", "0-7")
+    write(root / "ctr/cpuset.cpus.effective", "2-3,6")
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: 8)
+    pool = cpu_pool(root, proc)
+    assert pool == CpuPool(cpus=(2, 3, 6))
+    Times = collections.namedtuple("Times", "user system idle iowait")
+    per_cpu = [Times(float(c), 1.0, 50.0, 0.5) for c in range(8)]
+    monkeypatch.setattr(psutil, "cpu_times", lambda percpu=False: per_cpu)
+    assert system_busy(pool) == pytest.approx((2 + 1) + (3 + 1) + (6 + 1))
+
+
+def test_no_quota_and_every_cpu_is_the_whole_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, proc = v2_tree(tmp_path, "/ctr")
+    write(root / "ctr/cpu.max", "max 100000")
+    write(root / "ctr/cpu.stat", "usage_usec 1")
+    write(root / "ctr/cpuset.cpus.effective", "0-3")
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: 4)
+    assert cpu_pool(root, proc) == CpuPool()
+    assert cpu_pool(root, tmp_path / "absent") == CpuPool()
+
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [("0-3,8,10-11", [0, 1, 2, 3, 8, 10, 11]), ("5", [5]), ("", []), ("0-x", []), (None, [])],
+)
+def test_cpu_lists(text: str | None, cpus: list[int]) -> None:
+    assert parse_cpu_list(text) == cpus

@@ -316,8 +316,9 @@ DOCS = (
             "best for a machine that busy."
         ),
         evidence=(
-            "From `doctor`: the machine's busy CPUs (all processes) less the pipeline's own (main "
-            "process and workers), judged for each configuration measured (one loaded trial can "
+            "From `doctor`: the machine's busy CPUs (all processes; in a container with a CPU "
+            "quota or a cpuset, the container's) less the pipeline's own (main process and "
+            "workers), judged for each configuration measured (one loaded trial can "
             "tip a comparison); reported when the most loaded one reaches 0.5 CPUs or a quarter "
             "of the usable CPUs, whichever is more, and it names that configuration."
         ),

@@ -10,6 +10,7 @@ the windows).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -17,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from feedrate.machine import cgroups
+from feedrate.machine.cgroups import CpuPool
 from feedrate.measuring import inner
 from feedrate.results.processes import ProbeReport, ProcessFigures
 
@@ -60,10 +63,23 @@ def runq_wait(pid: int) -> float | None:
         return None
 
 
-def system_busy() -> float:
-    """CPU seconds all processes on the machine spent busy so far (summed over CPUs)."""
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
+def system_busy(pool: CpuPool | None = None) -> float:
+    """CPU seconds spent busy so far (summed over CPUs) where this process competes for them
+    (``pool``, default ``cgroups.cpu_pool()`` read once): its cgroup's usage where a CPU quota
+    binds it, the CPUs of its cpuset where that holds only some, else the whole machine's. In
+    a container of 2 CPUs on a host of 64, the host's other tenants make no busy machine."""
+    pool = pool or _pool()
+    used = pool.busy_s()
+    if used is not None:
+        return used
+    times = psutil.cpu_times(percpu=True)
+    mine = [times[c] for c in pool.cpus if c < len(times)] if pool.cpus else times
+    return float(sum(sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in mine))
+
+
+@functools.cache
+def _pool() -> CpuPool:
+    return cgroups.cpu_pool()
 
 
 def _add(fig: ProcessFigures, cpu_s: float, wall_s: float) -> None:
