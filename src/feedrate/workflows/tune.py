@@ -101,6 +101,9 @@ def tune(
     /dev/shm; the figure is the slowest rank's, rank 0 decides, every rank runs the dataset
     checks on its own loader, and every rank returns the same result
     (``feedrate.workflows.tune_node``). ``coordinate=False`` tunes this process alone.
+
+    The random state your loader draws on (its generators, torch's, Python's and numpy's) is
+    left as it was: tuned in the training process, training's batches are the same.
     """
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
     built_per_run(source)  # before sharding makes a function of it
