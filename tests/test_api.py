@@ -109,8 +109,12 @@ def _shuffled() -> DataLoader[Any]:
         lambda loader: feedrate.measure(loader, seconds=0.3, windows_count=2, device="cpu"),
         lambda loader: feedrate.tune(loader, budget_s=8, trial_seconds=0.3, use_cache=False),
         lambda loader: feedrate.doctor(loader, trial_seconds=0.3),
+        # a step that draws (dropout, augmentation on the device), timed alone and in trials
+        lambda loader: feedrate.tune(
+            loader, step=lambda b: torch.rand(8), budget_s=8, trial_seconds=0.3, use_cache=False
+        ),
     ],
-    ids=["measure", "tune", "doctor"],
+    ids=["measure", "tune", "doctor", "tune-with-a-step"],
 )
 def test_the_calls_leave_the_user_s_random_state_as_it_was(
     call: Callable[[DataLoader[Any]], object],

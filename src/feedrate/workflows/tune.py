@@ -30,7 +30,7 @@ from feedrate.loader.rebuild import (
 from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import device as devices
-from feedrate.measuring import interrupts
+from feedrate.measuring import interrupts, random_state
 from feedrate.measuring.consumer import make_consumer
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.tune import TuneResult
@@ -184,9 +184,10 @@ def tune(
             cache.save(cache_key, result.to_dict())
         return result
 
-    result = (
-        searched() if channel is None else tune_node.coordinated(channel, searched, run, checks)
-    )
+    with random_state.kept(loader):  # trials, checks and a consumer's timed step draw on it
+        result = (
+            searched() if channel is None else tune_node.coordinated(channel, searched, run, checks)
+        )
     result._source = source
     return result
 
