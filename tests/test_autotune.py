@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import itertools
 import signal
 import threading
@@ -266,6 +267,116 @@ def test_iterable_dataset_changes_settings_between_epochs_only() -> None:
                 got += [float(x) for x in batch.flatten()]
             assert len(configs) == 1  # one configuration for the whole epoch
             assert sorted(got) == want
+
+
+class FailsAt(SleepDataset):
+    """``SLOW``'s samples, but sample ``bad`` raises."""
+
+    def __init__(self, bad: int) -> None:
+        super().__init__(SLOW.n, SLOW.sleep_s)
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.bad:
+            raise ValueError(f"sample {index} is corrupt")
+        return super().__getitem__(index)
+
+
+def skipping_errors(loader: Any) -> tuple[list[torch.Tensor], list[str]]:
+    """An epoch whose loop skips a batch that raises, as training code does with bad data."""
+    got, errors, it = [], [], iter(loader)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return got, errors
+        except ValueError as exc:
+            errors.append(str(exc).strip().splitlines()[-1].removeprefix("ValueError: "))
+            continue
+        time.sleep(0.004)
+        got.append(batch.clone())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_error_in_one_batch_is_raised_and_the_epoch_goes_on(workers: int) -> None:
+    # A generator that raises is over: the loop that skipped sample 37's error lost the other
+    # 61 batches of the epoch, with no word, where DataLoader's iterator goes on.
+    make = lambda: DataLoader(FailsAt(37), batch_size=16, num_workers=workers)  # noqa: E731
+    want, want_errors = skipping_errors(make())
+    assert want_errors == ["sample 37 is corrupt"] and len(want) == len(make()) - 1
+    with feedrate.autotune(make(), cache=False) as auto:
+        for _ in range(2):
+            got, errors = skipping_errors(auto)
+            assert errors == want_errors
+            assert len(got) == len(want) and all(map(torch.equal, got, want))
+
+
+def test_a_second_iterator_is_an_epoch_of_its_own() -> None:
+    # A look at a batch mid-epoch crashed the epoch under way ("'NoneType' object is not an
+    # iterator"), and zip(loader, loader) split one epoch between its two iterators.
+    make = lambda: DataLoader(SLOW, batch_size=16)  # noqa: E731
+    want = epochs(make(), 1)[0]
+    with feedrate.autotune(make(), cache=False) as auto:
+        got = []
+        for i, batch in enumerate(auto):
+            got.append(batch.clone())
+            if i == 20:
+                assert torch.equal(next(iter(auto)), want[0])  # a fresh epoch's first
+        assert len(got) == len(want) and all(map(torch.equal, got, want))
+        pairs = [(a.clone(), b.clone()) for a, b in zip(auto, auto, strict=True)]
+        assert len(pairs) == len(want) and all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_a_loop_that_breaks_each_epoch_keeps_its_workers_and_settles(
+    one_per_cpu: None,
+) -> None:
+    # A loop of a fixed number of steps per epoch left each epoch early: autotune ended every
+    # lane's workers at each break, so no trial ever ended and every epoch forked anew.
+    make = lambda: DataLoader(SLOW, batch_size=16, shuffle=True, generator=seeded(2))  # noqa: E731
+    steps = 40  # of 63 batches
+    with feedrate.autotune(make(), cache=False, budget_s=30) as auto:
+        workers = []
+        for _ in range(15):
+            for i, _batch in enumerate(auto):
+                time.sleep(0.004)
+                if i + 1 == steps:
+                    workers.append(sorted(p.pid for p in psutil.Process().children()))
+                    break
+            if auto.report().settled and len(workers) >= 2 and workers[-1] == workers[-2]:
+                break
+        report = auto.report()
+        assert report.settled and report.trials, report
+        assert workers[-1] and workers[-1] == workers[-2]  # the same workers, epoch to epoch
+
+
+def test_the_settings_read_off_it_are_those_in_use() -> None:
+    user = DataLoader(ShardedStream(64), batch_size=4, num_workers=1, drop_last=True)
+    with feedrate.autotune(user, cache=False) as auto:
+        for _ in range(3):
+            for _batch in auto:
+                running = auto.lane_iterator._num_workers
+                assert auto.config.num_workers == auto.num_workers == running
+            assert auto.num_workers == running  # between epochs: not the next epoch's
+        assert auto.drop_last and auto.collate_fn is user.collate_fn and auto.timeout == 0
+        assert auto.prefetch_factor == auto.config.normalized().prefetch_factor
+
+
+def test_a_loader_dropped_unclosed_while_tuning_leaves_no_worker() -> None:
+    # The probe's thread held the lane's iterator: its workers outlived the loader.
+    def new() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children() if p.pid not in before]
+
+    before = {p.pid for p in psutil.Process().children()}
+    for _ in range(4):
+        auto = feedrate.autotune(DataLoader(SleepDataset(600, 0.002), batch_size=8), cache=False)
+        for _batch in auto:
+            time.sleep(0.002)
+        del auto, _batch
+        gc.collect()
+        deadline = time.monotonic() + 5.0
+        while new() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert new() == []
 
 
 def test_error_in_the_loop_and_break_leave_no_worker() -> None:

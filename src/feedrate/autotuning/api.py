@@ -71,7 +71,8 @@ def autotune(
         coordinate=coordinate,
     )
     if webloader is not None:  # wds.WebLoader: tune its DataLoader, keep the stages after it
-        auto._pipeline = delegation.around(loader, auto._epoch)
+        auto._pipeline = delegation.around(loader, lambda: delegation.raising(auto._epoch()))
+        auto._plain = loader
     MADE.append(os.getpid())
     return auto
 

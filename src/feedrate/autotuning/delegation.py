@@ -7,20 +7,69 @@ next), and, for webdataset's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import inspect
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader
 
 from feedrate.errors import UserError
 from feedrate.loader import libraries
+from feedrate.loader.config import LoaderConfig
 
 _S = TypeVar("_S", bound="Surface")
 
 
+@dataclass
+class Raised:
+    """The error of one batch (the dataset's, the ``collate_fn``'s, a worker's), yielded by an
+    epoch for ``Batches`` to raise in the loop."""
+
+    exc: Exception
+
+
+class Batches:
+    """An ``AutoLoader``'s iterator over one epoch: its batches, and a ``Raised`` raised in the
+    loop with the epoch going on after it, as DataLoader's iterator does (a generator that
+    raises is over: a loop that skipped a sample's error lost the rest of the epoch)."""
+
+    def __init__(self, items: Generator[Any, None, None]) -> None:
+        self._items = items
+
+    @property
+    def done(self) -> bool:
+        """The epoch ended: all yielded, left (``close``), or failed."""
+        return inspect.getgeneratorstate(self._items) == inspect.GEN_CLOSED
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._items)
+        if isinstance(item, Raised):
+            exc, item = item.exc, None
+            raise exc
+        return item
+
+    def close(self) -> None:
+        """Leave the epoch (what a ``break`` does when the loop drops its iterator)."""
+        self._items.close()
+
+
+def raising(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, a ``Raised`` raised where it comes: the stages after a ``WebLoader``'s
+    DataLoader end on an error, as they do on their DataLoader's own."""
+    for item in items:
+        if isinstance(item, Raised):
+            raise item.exc
+        yield item
+
+
 class Surface:
     """What a training loop reads off the DataLoader an ``AutoLoader`` wraps (``_user``),
-    passed on to it or to the lane in use (``_lane``)."""
+    passed on to it or to the lane in use (``_lane``); DataLoader's settings are those in use
+    (``config``)."""
 
     _user: DataLoader[Any]
     _lane: Any
@@ -28,6 +77,46 @@ class Surface:
 
     def close(self, *, channel: bool = True) -> None:
         raise NotImplementedError  # the AutoLoader's
+
+    @property
+    def config(self) -> LoaderConfig:
+        raise NotImplementedError  # the AutoLoader's
+
+    @property
+    def num_workers(self) -> int:
+        return self.config.num_workers
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self.config.normalized().prefetch_factor
+
+    @property
+    def persistent_workers(self) -> bool:
+        return self.config.persistent_workers
+
+    @property
+    def pin_memory(self) -> bool:
+        return self.config.pin_memory
+
+    @property
+    def batch_sampler(self) -> Any:
+        return self._user.batch_sampler
+
+    @property
+    def collate_fn(self) -> Any:
+        return self._user.collate_fn
+
+    @property
+    def drop_last(self) -> bool:
+        return self._user.drop_last
+
+    @property
+    def generator(self) -> Any:
+        return self._user.generator
+
+    @property
+    def timeout(self) -> float:
+        return self._user.timeout
 
     def __enter__(self: _S) -> _S:
         return self

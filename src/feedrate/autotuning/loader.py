@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any
 
@@ -33,26 +33,25 @@ from torch.utils.data import DataLoader
 
 from feedrate.autotuning import delegation
 from feedrate.autotuning.lanes import Kept, Lane, Stream
+from feedrate.autotuning.meeting import Meeting
 from feedrate.autotuning.probing import TrialProbe
 from feedrate.autotuning.ranked import Job, local_ranks
-from feedrate.autotuning.start import Start, save, starting_point, tuner_for
-from feedrate.distributed import forks, group
+from feedrate.autotuning.start import save
 from feedrate.distributed.channel import RankError
-from feedrate.distributed.node import pinned_apart, share
 from feedrate.loader import libraries
 from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style
-from feedrate.machine.facts import MachineFacts, collect
+from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import thread_safety
 from feedrate.measuring.runqueue import Mark, Marks, Queued, busy, wait_and_step
 from feedrate.results.autotune import AutotuneReport
 from feedrate.search.actions import CheckThreads, Settle
 from feedrate.search.space import Proposal
-from feedrate.search.tuner import BUDGET_S, OnlineTuner, online
+from feedrate.search.tuner import BUDGET_S, online
 
 
-class AutoLoader(delegation.Surface):
+class AutoLoader(delegation.Surface, Meeting):
     """Iterate it as the DataLoader it wraps (see ``autotune``). It runs the lanes, reads the
     ``clock`` (s) around each ``next()``, watches the processes of each trial with a probe, and
     hands what it saw to the ``OnlineTuner``, which decides (the wait without the loop's
@@ -92,13 +91,20 @@ class AutoLoader(delegation.Surface):
         #: A WebLoader's stages after its DataLoader, run on the tuned epochs (see autotune).
         self._pipeline: Callable[[], Iterator[Any]] | None = None
         self._resume: dict[str, Any] | None = None  # a state for the next lane (load_state_dict)
+        self._plain: Any = loader  # what a second iterator iterates (the WebLoader, if any)
+        self._loop_epoch: int | None = None  # batches of an epoch the loop leaves early
+        self._left_at: int | None = None  # the batch the loop left its last epoch at
+        self._epoch_in_use: Callable[[], delegation.Batches | None] = lambda: None
+        # Dropped unclosed: the probe's thread would hold the lane's iterator, its workers alive.
+        weakref.finalize(self, self._probe.stop)
 
     # --- what a training loop uses (and delegation.Surface's) --------------------------------
 
     @property
     def config(self) -> LoaderConfig:
-        """The settings in use now."""
-        return self._tuner.config
+        """The settings in use now: the lane's that yields the batches (before the first and
+        after ``close()``, those the next epoch starts with)."""
+        return self._tuner.config if self._lane is None else self._lane.config
 
     def report(self) -> AutotuneReport:
         """What was tried and why, and the settings in use."""
@@ -120,10 +126,21 @@ class AutoLoader(delegation.Surface):
         self._tuner.stopped()
 
     def __iter__(self) -> Iterator[Any]:
+        live = self._epoch_in_use()
+        if live is not None and not live.done:  # a look mid-epoch, zip with itself: an epoch
+            return iter(self._plain)  # of its own, as a DataLoader's, from the loader untuned
+        batches = delegation.Batches(self._iterate())
+        self._epoch_in_use = weakref.ref(batches)
+        return batches
+
+    def _iterate(self) -> Generator[Any, None, None]:
         try:
             yield from (self._epoch() if self._pipeline is None else self._pipeline())
         except BaseException as exc:
-            self.close(channel=False)  # an error or Ctrl-C in the loop (or ours): no worker left
+            if isinstance(exc, GeneratorExit):  # a break, or an error in the loop's body
+                self._left()
+            else:  # ours, or the stages' after a WebLoader's DataLoader: no worker left
+                self.close(channel=False)
             if self._job is not None and not isinstance(exc, RankError):
                 where = f"at batch {self._tuner.batch} of epoch {self._tuner.epoch}"
                 self._job.stop(where, exc)  # the other ranks must not wait for this one
@@ -131,52 +148,26 @@ class AutoLoader(delegation.Surface):
                 self.close()  # it failed while meeting: its channel goes, the next try meets anew
             raise
 
-    # --- where it starts, alone or with the other ranks ------------------------------------------
+    def _left(self) -> None:
+        """The loop left the epoch early: the lane in use keeps its workers, as DataLoader's
+        persistent ones stay (a loop of fixed steps an epoch started them all again each epoch,
+        and no trial ended). Alone, the epoch ends there (a trial may conclude); left twice at
+        one batch, that is the loop's epoch, trials planned in it. A switch's lane ends."""
+        if self._job is None:
+            taken = self._tuner.batch
+            self._loop_epoch, self._left_at = (taken if taken == self._left_at else None), taken
+        if self._next is not None:
+            self._next.close()
+            self._tuner.stopped()
+        elif self._job is None:
+            self._epoch_end()
+        self._probe.stop()
+        self._next = self._moving = None
 
-    def _starting(self, local_ranks: int, node_cpus: int | None = None) -> Start:
-        """Where this process starts, within its share of the node's CPUs, memory, /dev/shm and
-        open files (``local_ranks`` share it, ``node_cpus`` their CPUs where each is pinned)."""
-        self._local_ranks, self._facts = local_ranks, self._machine or collect()
-        facts = share(self._facts, local_ranks, node_cpus)
-        self._start = starting_point(
-            self._user,
-            facts,
-            max_workers=self._max_workers,
-            allow_threads=self._threads,
-            use_cache=self._use_cache,
-            split=self._split,
-        )
-        return self._start
-
-    def _tuner_of(self, start: Start, *, counted: bool) -> OnlineTuner:
-        self._cache_key = start.cache_key
-        return tuner_for(start, rate=self._rate, budget_s=self._budget_s, counted=counted)
-
-    def _join(self) -> None:
-        """At the first iteration of a distributed job (collective): the other ranks met."""
-        if group.active():
-            forks.guard_forks()  # lanes fork workers between the job's collectives
-            if self._coordinate is not False:
-                self._meet(Job.open())  # should it fail, the next iteration tries again
-        self._joined = True
-
-    def _meet(self, job: Job) -> None:
-        """Rank 0's start on every rank, trials on batch counts (after ``close()``: as it was)."""
-        self._job = job
-        weakref.finalize(self, job.close)  # a loader dropped unclosed closes its channel
-        if not self._tuner.counted:
-            start, ranks = self._start, job.channel.ranks
-            pinned = pinned_apart(self._facts, ranks.node_cpus)
-            if job.main and (ranks.local_world != self._local_ranks or pinned):
-                try:  # the launcher did not say how many ranks share the node, or what CPUs
-                    start = self._starting(ranks.local_world, ranks.node_cpus)
-                except Exception as exc:
-                    job.failing(exc)
-                    raise
-            self._tuner = self._tuner_of(Start.from_dict(job.first(start.to_dict())), counted=True)
-            if not job.main:
-                self._cache_key = None  # rank 0 keeps what the job settles on
-        job.same_length(epoch_length(self._user) if self._split else None)
+    def _length(self, length: int | None) -> int | None:
+        """The epoch's length in batches as the loop takes it (``_left``), else ``length``."""
+        loop = self._loop_epoch
+        return length if loop is None else loop if length is None else min(length, loop)
 
     # --- one epoch -----------------------------------------------------------------------------
 
@@ -184,6 +175,7 @@ class AutoLoader(delegation.Surface):
         if not self._joined:
             self._join()
         yield from self._split_epoch() if self._split else self._whole_epoch()
+        self._loop_epoch = self._left_at = None  # the loop took the whole epoch
         if self._lane is not None:  # the library's epoch count goes on in the next lane
             libraries.carry_state(self._lane.loader, self._user)
 
@@ -196,7 +188,7 @@ class AutoLoader(delegation.Surface):
             gen = user.generator
             self._seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
         stream = Stream(sampler_it, epoch_length(self._user))
-        self._tuner.new_epoch(stream.length)
+        self._tuner.new_epoch(self._length(stream.length))
         lane = self._start_lane(stream)
         began = self._mark()
         while True:
@@ -208,6 +200,8 @@ class AutoLoader(delegation.Surface):
                 lane = self._take_next(lane, stream)
                 began = self._mark()
                 continue
+            except Exception as exc:  # that batch's: raised in the loop, the epoch goes on
+                batch = delegation.Raised(exc)
             got = self._mark()
             yield batch
             back = self._mark()
@@ -224,7 +218,7 @@ class AutoLoader(delegation.Surface):
         self._epoch_end()
 
     def _whole_epoch(self) -> Iterator[Any]:
-        self._tuner.new_epoch(None)
+        self._tuner.new_epoch(self._length(None))
         lane = self._start_lane(None)
         began = self._mark()
         while True:
@@ -232,6 +226,8 @@ class AutoLoader(delegation.Surface):
                 batch = next(lane.it)
             except StopIteration:
                 break
+            except Exception as exc:  # as in _split_epoch
+                batch = delegation.Raised(exc)
             got = self._mark()
             yield batch
             back = self._mark()
@@ -297,10 +293,14 @@ class AutoLoader(delegation.Surface):
         return lane
 
     def _observe(self, lane: Lane, batch: Any, asked: Mark, got: Mark, back: Mark) -> None:
-        """A batch asked for at ``asked``, got at ``got``; the loop asked again at ``back``."""
-        size = batch_nbytes(batch) if self._tuner.wants_batch_bytes else None
+        """A batch asked for at ``asked``, got at ``got``; the loop asked again at ``back``. An
+        error in its place (``Raised``) counts as a batch of no samples: a job's ranks count
+        batches alike."""
+        failed = isinstance(batch, delegation.Raised)
+        size = batch_nbytes(batch) if self._tuner.wants_batch_bytes and not failed else None
+        samples = 0 if failed else self._count(batch)
         wait, step = wait_and_step(asked, got, back, lane.config.num_workers > 0)
-        self._tuner.observe(self._count(batch), wait, step, now := back[0], size, busy(asked, got))
+        self._tuner.observe(samples, wait, step, now := back[0], size, busy(asked, got))
         self._mark.exact = self._tuner.wants_queued
         if self._job is not None and self._tuner.watch_due is not None:
             self._job.watch(self._tuner, now)  # a watch stretch ends on every rank here

@@ -113,7 +113,11 @@ class TuneResult:
     def loader(self, source: Any = None) -> Any:
         """The user's loader rebuilt with the best settings (a ``WebLoader``: a copy, its
         DataLoader rebuilt, the stages after it kept). A result loaded from JSON needs the
-        original loader (or factory) passed in."""
+        original loader (or factory) passed in. Where the answer turns ``persistent_workers``
+        on and the loader shuffles, its order differs from your loader's from the second epoch
+        on (PyTorch draws the workers' base seed from the shuffle's generator at every epoch's
+        ``iter()`` without persistent workers, at the first only with them); ``autotune``
+        keeps your loader's order."""
         from feedrate.loader.rebuild import for_the_user, rebuilt
 
         src = source if source is not None else self._source

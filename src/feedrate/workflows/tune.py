@@ -103,7 +103,8 @@ def tune(
     (``feedrate.workflows.tune_node``). ``coordinate=False`` tunes this process alone.
 
     The random state your loader draws on (its generators, torch's, Python's and numpy's) is
-    left as it was: tuned in the training process, training's batches are the same.
+    left as it was: tuned in the training process, your loader's batches are those it would
+    have given (``result.loader()``'s, see there).
     """
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
     built_per_run(source)  # before sharding makes a function of it
