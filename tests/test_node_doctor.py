@@ -141,6 +141,9 @@ def test_intra_op_threads_past_the_node_s_cpus() -> None:
     assert f.fix.startswith("OMP_NUM_THREADS=2 for every rank")
     set_high = only(job(2, torch_threads=6, omp_num_threads="6"), "node-thread-oversubscription")
     assert "OMP_NUM_THREADS=6" in set_high.message
+    # 16 ranks at one thread each on 8 CPUs: no thread to take away, the ranks are too many.
+    many = only(job(16, torch_threads=1, omp_num_threads="1"), "node-thread-oversubscription")
+    assert many.fix.startswith("at most 8 ranks on this node") and "OMP" not in many.fix
 
 
 def test_memory_summed_over_the_node_s_ranks() -> None:

@@ -139,6 +139,25 @@ def test_shards_split_the_epoch_between_the_ranks() -> None:
     assert sharded(already, 0, 2) is already
 
 
+def test_a_rank_of_a_launched_job_without_its_process_group_is_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each rank of a torchrun job that never called init_process_group tuned alone, as if the
+    # whole machine were its own: the oversubscription a coordinated tune exists to prevent.
+    import feedrate
+
+    loader = DataLoader(TinyDataset(64), batch_size=8)
+    with pytest.raises(UserError, match=r"coordinate=True needs torch\.distributed"):
+        feedrate.tune(loader, coordinate=True, use_cache=False)
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=r"rank 1 of 2 .*init_process_group\(\) in every rank"):
+        feedrate.tune(loader, use_cache=False)
+    alone = feedrate.tune(loader, coordinate=False, use_cache=False, budget_s=5, trial_seconds=0.2)
+    assert alone.ranks is None
+
+
 def test_a_stream_is_not_sharded_behind_its_back() -> None:
     with pytest.raises(UserError, match="IterableDataset splits its stream itself"):
         sharded(DataLoader(UnshardedStream(8), batch_size=2), 0, 2)
@@ -244,7 +263,9 @@ def test_nproc_per_node_tunes_and_checks_the_node_and_only_rank_zero_speaks(
     # Each rank's share of the 2 CPUs decided it, and the file says the node's whole machine.
     assert doc["machine"]["cpus_usable"] == collect().cpus_usable
     found = {f["id"]: f for f in doc["findings"]}
-    assert "no-distributed-sampler" not in found  # --shard
+    assert "no-distributed-sampler" not in found  # --shard: you said your trainer adds one
+    # The answer is for your loader, not for the shard each trial read: no sampler of ours.
+    assert "sampler=" not in doc["code"] and doc["code"].startswith("DataLoader(dataset,")
     # Every rank ran the dataset checks on its own loader: rank 1's trap is found, as its own.
     assert found["shared-rng"]["message"].startswith("on rank 1 of 2")
     assert not left_behind(str(tmp_path))

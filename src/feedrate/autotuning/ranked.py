@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,14 @@ import torch.distributed as dist
 
 from feedrate.autotuning.lanes import Lane, Stream
 from feedrate.distributed import group
-from feedrate.distributed.channel import Channel, RankError, described, failed, failure
+from feedrate.distributed.channel import (
+    Channel,
+    Pending,
+    RankError,
+    described,
+    failed,
+    failure,
+)
 from feedrate.results.evidence import ThreadCheck
 from feedrate.results.processes import ProbeReport
 from feedrate.search.actions import Action
@@ -60,8 +66,8 @@ class Job:
         self.rank = channel.ranks.rank
         #: Why the ranks are out of step (a rank stopped alone); the next call fails with it.
         self.broken: str | None = None
-        #: A stop still being heard (the sender, what it got, where this rank stopped).
-        self._stopping: tuple[threading.Thread, list[list[Any]], str] | None = None
+        #: A stop still being heard (its gather under way, where this rank stopped).
+        self._stopping: tuple[Pending, str] | None = None
 
     @classmethod
     def open(cls) -> Job:
@@ -227,35 +233,31 @@ class Job:
         how = "a break or an error in the loop" if loop else described(exc)
         doc = failure(self.rank, RuntimeError(f"stopped iterating {where} ({how})"))
         doc["stopped"] = where
-        got: list[list[Any]] = []
+        try:  # run by gloo's threads: this rank goes on (to end, most often) after STOP_S
+            self._stopping = (self.channel.gather_started(doc), where)
+        except RankError:
+            return
+        self._heard(STOP_S)
 
-        def send() -> None:
-            with contextlib.suppress(RankError):
-                got.append(self.channel.all_gather(doc))
-
-        # On a thread, so that this rank goes on (to end, most often) after STOP_S whether or
-        # not the others answered; its next call hears the answer first.
-        sender = threading.Thread(target=send, name="feedrate-autotune-stop", daemon=True)
-        sender.start()
-        self._stopping = (sender, got, where)
-        sender.join(STOP_S)
-        if not sender.is_alive():
-            self._heard()
-
-    def _heard(self) -> None:
-        """The answer to this rank's stop, waited for (``TIMEOUT_S`` at most): ranks that all
-        stopped at the same point stay in step; otherwise the job's calls fail from here."""
+    def _heard(self, within: float = TIMEOUT_S) -> None:
+        """The answer to this rank's stop, waited for ``within`` s (by the next call, the rest
+        of ``TIMEOUT_S``): ranks that all stopped at the same point stay in step; otherwise the
+        job's calls fail from here."""
         if self._stopping is None:
             return
-        sender, got, where = self._stopping
+        pending, where = self._stopping
+        try:
+            if not pending.wait(within) and within < TIMEOUT_S:
+                return  # still under way: the next call hears it first
+        except RankError:
+            pass
         self._stopping = None
-        sender.join(TIMEOUT_S)
-        if not got:
+        if pending.result is None:
             self.broken = f"rank {self.rank} stopped iterating {where}; the others did not answer"
             return
         going = [
             r
-            for r, d in enumerate(got[0])
+            for r, d in enumerate(pending.result)
             if not (isinstance(d, dict) and d.get("stopped") == where)
         ]
         if going:
@@ -264,10 +266,16 @@ class Job:
             )
 
     def close(self) -> None:
-        """The channel closed (twice is once): a stop still being sent is given ``STOP_S``."""
+        """The channel closed (twice is once): a stop still being sent is given ``STOP_S``.
+        Still sent after that (the others are in the job's own calls, a DDP all-reduce that
+        waits for this rank), its group is left to the process: gloo's threads run the
+        collective, and destroying the group under it would end the process with an abort."""
         if self._stopping is not None:
-            self._stopping[0].join(STOP_S)
-            self._stopping = None
+            pending, self._stopping = self._stopping[0], None
+            with contextlib.suppress(RankError):
+                if not pending.wait(STOP_S):
+                    self.channel.drop()
+                    return
         self.channel.close()
 
 

@@ -25,9 +25,8 @@ NodeRule = Callable[[list[RankFacts], dict[str, Any]], Finding | None]
 
 def node_findings(ranks: list[RankFacts], machine: dict[str, Any]) -> list[Finding]:
     """The findings of a job's ranks together (every rank's facts, in any order), judged
-    against ``machine``, the whole of one node (``MachineFacts.to_dict()``, not a rank's
-    share; the nodes of a job are taken to be alike). Empty for fewer than 2 ranks. A node rule
-    that fires on several nodes alike is one finding naming them."""
+    against ``machine``, one whole node (``MachineFacts.to_dict()``; a job's nodes taken alike).
+    Empty for fewer than 2 ranks. A rule firing on several nodes alike is one finding."""
     if len(ranks) < 2:
         return []
     job = [no_distributed_sampler_finding(ranks), dispatch_batches_finding(ranks)]
@@ -52,10 +51,9 @@ def _on_nodes(finding: Finding, where: list[int], nodes: int) -> Finding:
 
 def _times(values: list[int], unit: str) -> str:
     """``2 ranks × 4 workers``, or ``2 ranks with 4 + 2 workers`` where they differ."""
-    n = len(values)
     if len(set(values)) == 1:
-        return f"{n} ranks × {values[0]} {unit}"
-    return f"{n} ranks with {' + '.join(map(str, values))} {unit}"
+        return f"{len(values)} ranks × {values[0]} {unit}"
+    return f"{len(values)} ranks with {' + '.join(map(str, values))} {unit}"
 
 
 def _ranks(ranks: list[RankFacts]) -> str:
@@ -99,10 +97,8 @@ def worker_oversubscription_finding(
 
 
 def _omp(ranks: list[RankFacts]) -> str:
-    values = sorted({r.omp_num_threads or "unset" for r in ranks})
-    if values == ["unset"]:
-        return "OMP_NUM_THREADS unset"
-    return f"OMP_NUM_THREADS={', '.join(values)}"
+    values = ", ".join(sorted({r.omp_num_threads or "unset" for r in ranks}))
+    return "OMP_NUM_THREADS unset" if values == "unset" else f"OMP_NUM_THREADS={values}"
 
 
 def thread_oversubscription_finding(
@@ -114,6 +110,7 @@ def thread_oversubscription_finding(
     if not cpus or sum(threads) <= cpus:
         return None
     each = max(1, cpus // len(ranks))
+    fewest = all(t <= each for t in threads)  # one thread each already: too many ranks
     return Finding(
         "node-thread-oversubscription",
         "warning",
@@ -121,8 +118,10 @@ def thread_oversubscription_finding(
         f"{sum(threads)} on {cpus} usable CPUs: the ranks' CPU work (collation and pinning in "
         "the main process, CPU compute) runs on more threads than the node has CPUs, and its "
         "threads wait on each other",
-        f"OMP_NUM_THREADS={each} for every rank (torchrun sets 1 only where it is unset), or "
-        f"torch.set_num_threads({each}) at the start of each rank",
+        f"at most {cpus} ranks on this node (one CPU each), or a node with a CPU per rank"
+        if fewest
+        else f"OMP_NUM_THREADS={each} for every rank (torchrun sets 1 only where it is unset), "
+        f"or torch.set_num_threads({each}) at the start of each rank",
     )
 
 
@@ -291,7 +290,8 @@ DOCS = (
         ),
         fix=(
             "`OMP_NUM_THREADS` = usable CPUs ÷ ranks per node for every rank (torchrun sets 1 "
-            "only where it is unset), or `torch.set_num_threads(n)` at the start of each rank."
+            "only where it is unset), or `torch.set_num_threads(n)` at the start of each rank; "
+            "where each runs one already, no more ranks than the node's CPUs."
         ),
         severity="warning",
     ),

@@ -93,6 +93,7 @@ def rank_options(*, shard: bool) -> Callable[[F], F]:
 
 def _start(ranks: int) -> None:
     from feedrate.distributed import group, launch
+    from feedrate.machine.facts import collect
 
     if group.launched():
         raise UserError(
@@ -102,6 +103,14 @@ def _start(ranks: int) -> None:
     global STARTED
     STARTED = True
     output.err.print(f"feedrate: starting {ranks} ranks on this machine", highlight=False)
+    cpus = collect().cpus_usable
+    if ranks > cpus:  # the figures are of a node with less than a CPU per rank
+        output.err.print(
+            f"feedrate: warning: {ranks} ranks on {cpus} usable CPUs: each rank's main process "
+            "gets less than a CPU, and the answer is for a node like this one; tune on a "
+            "machine like the node you will train on",
+            highlight=False,
+        )
     code = launch.run_ranks([sys.executable, "-m", "feedrate", *without_nproc(ARGV)], ranks)
     if code:
         raise click.exceptions.Exit(code)

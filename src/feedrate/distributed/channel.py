@@ -11,10 +11,13 @@ awaited. No call waits forever.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import pickle
 import time
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from feedrate.distributed import forks
@@ -113,6 +116,14 @@ class Channel:
             raise self._lost("hear from every rank", exc, began) from exc
         return out
 
+    def gather_started(self, obj: Any) -> Pending:
+        """``all_gather`` of ``obj`` begun, left running (``Pending``): the others' next call
+        pairs with it."""
+        try:
+            return Pending(self, obj)
+        except RuntimeError as exc:
+            raise self._lost("reach the other ranks", exc) from exc
+
     def gate(self) -> Gate:
         """A new non-blocking barrier over the channel's ranks (``Gate``)."""
         return Gate(self)
@@ -125,6 +136,15 @@ class Channel:
         # The job's own group destroyed first takes ours with it: nothing left to close.
         with contextlib.suppress(RuntimeError, ValueError, AssertionError):
             dist.destroy_process_group(group)
+
+    def drop(self) -> None:
+        """Closed, its group left as it is to the end of the process: a collective still runs
+        on it (a ``Pending`` the others never joined: they wait in the job's own calls, a
+        DDP all-reduce, for this rank). Destroyed, as the interpreter's end would, gloo waits
+        for that collective: the rank never exits, and the others wait for it."""
+        group, self._group = self._group, None
+        if group is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))  # never collected
 
     def _lost(self, doing: str, exc: BaseException, began: float | None = None) -> RankError:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -141,6 +161,58 @@ class Channel:
             f"{self.timeout_s:g} s: another rank failed, was interrupted, or does not call "
             f"feedrate at the same point ({first[:300]})"
         )
+
+
+class Pending:
+    """``Channel.all_gather`` as two collectives that gloo's own threads run (sizes, then the
+    pickled objects, as ``all_gather_object`` does: the other ranks' call pairs with it),
+    polled from Python (``wait``). No thread of the process waits inside torch's C++ for it:
+    one that did, woken as the interpreter ended, took the process down with SIGABRT
+    (``pthread_exit`` through pybind11's frames) instead of the user's exit status."""
+
+    def __init__(self, channel: Channel, obj: Any) -> None:
+        self._channel, world = channel, channel.ranks.world
+        self._data = pickle.dumps(obj)
+        self._sizes = torch.zeros(world, dtype=torch.long)
+        mine = torch.tensor([len(self._data)], dtype=torch.long)
+        parts = [self._sizes[i].unsqueeze(0) for i in range(world)]
+        self._work = dist.all_gather(parts, mine, group=channel.group, async_op=True)
+        self._out: torch.Tensor | None = None
+        self.result: list[Any] | None = None
+        self._began = time.monotonic()
+
+    def wait(self, seconds: float) -> bool:
+        """Whether it ended within ``seconds`` (``result``: every rank's object, in rank
+        order); ``RankError`` where the group failed."""
+        end = time.monotonic() + seconds
+        while not self._step():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _step(self) -> bool:
+        if self.result is not None:
+            return True
+        if not self._work.is_completed():
+            return False
+        try:
+            self._work.wait()  # done: raises what failed it
+        except RuntimeError as exc:
+            raise self._channel._lost("hear from every rank", exc, self._began) from exc
+        world, top = self._channel.ranks.world, int(self._sizes.max())
+        if self._out is None:  # the sizes came: the objects, padded to the largest
+            mine = torch.zeros(top, dtype=torch.uint8)
+            mine[: len(self._data)] = torch.frombuffer(bytearray(self._data), dtype=torch.uint8)
+            self._out = torch.empty(top * world, dtype=torch.uint8)
+            parts = [self._out[top * i : top * (i + 1)] for i in range(world)]
+            self._work = dist.all_gather(parts, mine, group=self._channel.group, async_op=True)
+            return False
+        raw = self._out.numpy().tobytes()
+        self.result = [
+            pickle.loads(raw[top * i : top * i + int(self._sizes[i])]) for i in range(world)
+        ]
+        return True
 
 
 class Gate:

@@ -20,6 +20,7 @@ from feedrate.distributed.node import of_node, share
 from feedrate.errors import UserError
 from feedrate.loader import libraries
 from feedrate.loader.batches import epoch_length, thread_cap
+from feedrate.loader.code import code_line
 from feedrate.loader.rebuild import (
     built_per_run,
     config_of,
@@ -109,6 +110,7 @@ def tune(
     _check_budget(budget_s, trial_seconds, max_workers, memory_limit, timeout_s)
     built_per_run(source)  # before sharding makes a function of it
     channel = tune_node.channel(coordinate, budget_s, timeout_s)
+    user = source  # what the answer is for: with ``shard``, trials read a shard made for them
     if channel is not None and shard:
         source = tune_node.shard_source(source, channel.ranks)
     loader = loader_of(source)
@@ -189,7 +191,9 @@ def tune(
         result = (
             searched() if channel is None else tune_node.coordinated(channel, searched, run, checks)
         )
-    result._source = source
+    result._source = user
+    if user is not source:  # the code line of the user's loader, not of the shard's
+        result.code = code_line(loader_of(user), result.best.config)
     return result
 
 

@@ -14,6 +14,7 @@ figures; a rank that stops answering fails the others within the channel's timeo
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ from feedrate.distributed import group
 from feedrate.distributed.channel import FAILED, Channel, RankError, failed, failure
 from feedrate.distributed.facts import rank_facts
 from feedrate.distributed.group import Ranks
-from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.errors import PipelineError, PipelineTimeoutError, UserError, WorkerKilledError
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import loader_of
 from feedrate.loader.shards import sharded
@@ -193,7 +194,21 @@ def channel(coordinate: bool | None, budget_s: float, timeout_s: float) -> Chann
     """The ranks' channel for one coordinated tune, or None to tune this process alone (not a
     distributed job, or ``coordinate=False``). Collective. Its timeout covers the longest
     silence a rank can see: a whole budget of trials, then the checks after the search."""
-    if coordinate is False or not group.active():
+    if coordinate is False:
+        return None
+    if not group.active():
+        if group.launched():  # each rank would tune alone, as if the machine were its own
+            raise UserError(
+                f"this process is rank {os.environ.get('RANK')} of "
+                f"{os.environ.get('WORLD_SIZE')} (started by a launcher) but torch.distributed "
+                "is not initialized: call torch.distributed.init_process_group() in every rank "
+                "before feedrate.tune() to tune with every rank loading at once, or pass "
+                "coordinate=False to tune this rank alone"
+            )
+        if coordinate:
+            raise UserError(
+                "coordinate=True needs torch.distributed initialized with more than one rank"
+            )
         return None
     return Channel.open("feedrate.tune", budget_s + 3 * timeout_s + 120.0)
 
