@@ -813,3 +813,19 @@ def test_the_reference_stretch_leaves_out_the_lane_s_warm_up() -> None:
         now += wait + 0.05
         tuner.observe(16, wait, 0.05, now)
     assert tuner.settled_stall == pytest.approx(0.5)
+
+
+def test_no_workers_after_one_count_says_what_was_seen() -> None:
+    # A stream's first trial (a whole epoch) at 4 workers, its main process busy receiving:
+    # "more workers stopped helping" named a series that was never tried.
+    from feedrate.search.online_steps import zero
+
+    space = Space(cpus=2, baseline=online(LoaderConfig(4)), max_workers=16, consumer=True)
+    base = measured(online(LoaderConfig(4)))
+    four = replace(base, stall_fraction=0.5, main_cpu=0.6, workers_cpu=0.4)
+    proposal = zero(space, [four])
+    assert proposal is not None and proposal[0].num_workers == 0
+    assert proposal[1] == "w=4 pf=2 persistent leaves the loop waiting: no workers at all?"
+    two = replace(four, config=online(LoaderConfig(2)), spread=Spread.of_rates([90.0] * 4))
+    said = zero(space, [two, four])
+    assert said is not None and said[1].startswith("more workers stopped helping")

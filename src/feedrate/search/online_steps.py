@@ -91,7 +91,11 @@ def zero(space: Space, trials: list[Trial]) -> Proposal | None:
     worse = zero_stall(best) > (best.stall_fraction or 0.0) + STALL_MARGIN
     if small and not handoff and (kind == "cpu" or worse):
         return None  # the workers' work, moved into the loop, would stall it more than now
-    return with_workers(space.baseline, 0), "more workers stopped helping: no workers at all?"
+    if len({t.config.num_workers for t in main}) > 1:
+        why = "more workers stopped helping"
+    else:  # one count tried (a stream's trial is a whole epoch)
+        why = f"{best.config.label()} leaves the loop waiting"
+    return with_workers(space.baseline, 0), f"{why}: no workers at all?"
 
 
 def _unfed(main: list[Trial]) -> Trial | None:
