@@ -327,6 +327,22 @@ def test_a_second_iterator_is_an_epoch_of_its_own() -> None:
         assert len(pairs) == len(want) and all(torch.equal(a, b) for a, b in pairs)
 
 
+def test_an_epoch_begun_before_the_last_one_is_let_go_is_tuned() -> None:
+    # Lightning's fetchers make the next epoch's iterator, then drop the last epoch's (left
+    # early): that is no second iterator, and the new epoch is autotune's, not the loader's own.
+    make = lambda: DataLoader(SLOW, batch_size=16)  # noqa: E731
+    want = epochs(make(), 1)[0]
+    with feedrate.autotune(make(), cache=False) as auto:
+        it = iter(auto)
+        for _ in range(10):
+            next(it)
+        it = iter(auto)
+        got = [next(it).clone()]
+        assert it.tuning  # type: ignore[attr-defined]
+        got += [b.clone() for b in it]
+        assert len(got) == len(want) and all(map(torch.equal, got, want))
+
+
 def test_a_loop_that_breaks_each_epoch_keeps_its_workers_and_settles(
     one_per_cpu: None,
 ) -> None:

@@ -8,7 +8,7 @@ next), and, for webdataset's
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,20 +32,29 @@ class Raised:
 class Batches:
     """An ``AutoLoader``'s iterator over one epoch: its batches, and a ``Raised`` raised in the
     loop with the epoch going on after it, as DataLoader's iterator does (a generator that
-    raises is over: a loop that skipped a sample's error lost the rest of the epoch)."""
+    raises is over: a loop that skipped a sample's error lost the rest of the epoch). What it
+    iterates is decided at its first ``next()`` (``begin``), not at ``iter()``: a framework
+    that makes the next epoch's iterator before it lets go of the last one's (Lightning's
+    fetchers) has let go by then."""
 
-    def __init__(self, items: Generator[Any, None, None]) -> None:
-        self._items = items
+    def __init__(self, begin: Callable[[Batches], Iterator[Any]]) -> None:
+        self._begin: Callable[[Batches], Iterator[Any]] | None = begin
+        self._items: Iterator[Any] | None = None
 
     @property
-    def done(self) -> bool:
-        """The epoch ended: all yielded, left (``close``), or failed."""
-        return inspect.getgeneratorstate(self._items) == inspect.GEN_CLOSED
+    def tuning(self) -> bool:
+        """It iterates a tuned epoch that has not ended."""
+        items = self._items
+        return inspect.isgenerator(items) and inspect.getgeneratorstate(items) != "GEN_CLOSED"
 
     def __iter__(self) -> Batches:
         return self
 
     def __next__(self) -> Any:
+        if self._items is None:
+            begin, self._begin = self._begin, None
+            assert begin is not None
+            self._items = begin(self)
         item = next(self._items)
         if isinstance(item, Raised):
             exc, item = item.exc, None
@@ -54,7 +63,8 @@ class Batches:
 
     def close(self) -> None:
         """Leave the epoch (what a ``break`` does when the loop drops its iterator)."""
-        self._items.close()
+        if inspect.isgenerator(self._items):
+            self._items.close()
 
 
 def raising(items: Iterator[Any]) -> Iterator[Any]:

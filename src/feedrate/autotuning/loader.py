@@ -10,9 +10,8 @@ Correctness first, for a map-style dataset with automatic batching: autotune own
 index stream. At each epoch it iterates the user's batch sampler once, as DataLoader would,
 taking index batches as they are asked for, and hands runs of them to one DataLoader per
 configuration (a "lane") through a batch sampler it controls. A lane being replaced is given
-no further indices and drained in order while the next lane starts on the following indices,
-so every batch of the epoch is yielded once, in the sampler's order, while worker start-up
-overlaps the drain.
+no further indices and drained in order while the next lane starts on the following indices:
+every batch of the epoch is yielded once, in the sampler's order, worker start-up beside it.
 
 An ``IterableDataset`` (or a loader without automatic batching) yields its own stream, which
 cannot be split between loaders: there, settings change only between epochs, each epoch being
@@ -92,11 +91,10 @@ class AutoLoader(delegation.Surface, Meeting):
         self._pipeline: Callable[[], Iterator[Any]] | None = None
         self._resume: dict[str, Any] | None = None  # a state for the next lane (load_state_dict)
         self._plain: Any = loader  # what a second iterator iterates (the WebLoader, if any)
-        self._loop_epoch: int | None = None  # batches of an epoch the loop leaves early
-        self._left_at: int | None = None  # the batch the loop left its last epoch at
         self._epoch_in_use: Callable[[], delegation.Batches | None] = lambda: None
-        # Dropped unclosed: the probe's thread would hold the lane's iterator, its workers alive.
-        weakref.finalize(self, self._probe.stop)
+        self._loop_epoch: int | None = None  # an epoch's batches, where the loop leaves early
+        self._left_at: int | None = None  # (the batch it left the last one at)
+        weakref.finalize(self, self._probe.stop)  # unclosed, its thread would keep the workers
 
     # --- what a training loop uses (and delegation.Surface's) --------------------------------
 
@@ -126,12 +124,14 @@ class AutoLoader(delegation.Surface, Meeting):
         self._tuner.stopped()
 
     def __iter__(self) -> Iterator[Any]:
+        return delegation.Batches(self._begin)
+
+    def _begin(self, batches: delegation.Batches) -> Iterator[Any]:
         live = self._epoch_in_use()
-        if live is not None and not live.done:  # a look mid-epoch, zip with itself: an epoch
-            return iter(self._plain)  # of its own, as a DataLoader's, from the loader untuned
-        batches = delegation.Batches(self._iterate())
+        if live is not None and live is not batches and live.tuning:  # a look mid-epoch, zip
+            return iter(self._plain)  # with itself: an epoch of its own, from the loader untuned
         self._epoch_in_use = weakref.ref(batches)
-        return batches
+        return self._iterate()
 
     def _iterate(self) -> Generator[Any, None, None]:
         try:
