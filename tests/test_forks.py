@@ -172,7 +172,7 @@ def test_installed_once_and_only_where_forks_can_hang(monkeypatch: pytest.Monkey
 def test_feedrate_guards_forks_wherever_it_talks_to_the_ranks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from feedrate.autotuning import loader as autoloader
+    from feedrate.autotuning import meeting
     from feedrate.distributed import channel
 
     calls: list[str] = []
@@ -186,7 +186,7 @@ def test_feedrate_guards_forks_wherever_it_talks_to_the_ranks(
         channel.Channel.open("test", 1.0)
     assert calls[:2] == ["guard", "world"]  # before any collective
     calls.clear()
-    monkeypatch.setattr(autoloader.group, "active", lambda: True)
+    monkeypatch.setattr(meeting.group, "active", lambda: True)
     auto: Any = SimpleNamespace(_coordinate=False, _joined=False)
-    autoloader.AutoLoader._join(auto)
+    meeting.Meeting._join(auto)
     assert calls == ["guard"] and auto._joined  # not coordinating: its lanes still fork
