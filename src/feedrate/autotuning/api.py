@@ -71,7 +71,9 @@ def autotune(
         coordinate=coordinate,
     )
     if webloader is not None:  # wds.WebLoader: tune its DataLoader, keep the stages after it
-        auto._pipeline = delegation.around(loader, lambda: delegation.raising(auto._epoch()))
+        # The stages after it end on a batch's error, as on their DataLoader's own.
+        epoch = lambda: delegation.Batches(lambda _: auto._epoch())  # noqa: E731
+        auto._pipeline = delegation.around(loader, epoch)
         auto._plain = loader
     MADE.append(os.getpid())
     return auto

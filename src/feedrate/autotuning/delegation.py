@@ -61,20 +61,6 @@ class Batches:
             raise exc
         return item
 
-    def close(self) -> None:
-        """Leave the epoch (what a ``break`` does when the loop drops its iterator)."""
-        if inspect.isgenerator(self._items):
-            self._items.close()
-
-
-def raising(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, a ``Raised`` raised where it comes: the stages after a ``WebLoader``'s
-    DataLoader end on an error, as they do on their DataLoader's own."""
-    for item in items:
-        if isinstance(item, Raised):
-            raise item.exc
-        yield item
-
 
 class Surface:
     """What a training loop reads off the DataLoader an ``AutoLoader`` wraps (``_user``),

@@ -328,9 +328,7 @@ def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLo
     arguments of the DataLoader subclasses it makes, so ``rebuild`` can make them again); the
     DataLoader inside webdataset's ``WebLoader`` (the command line's targets take it too).
     Raises ``UserError`` when it is not a DataLoader."""
-    if _factory(source):
-        with recording():
-            source = source()
+    source = built(source)
     parts = libraries.webloader_parts(source)
     if parts is not None:  # tuned alone: the stages after it run in the training process
         libraries.mark_wrapped(parts[0], type(source).__name__)
@@ -340,14 +338,21 @@ def loader_of(source: DataLoader[Any] | Callable[[], DataLoader[Any]]) -> DataLo
     return source
 
 
+def built(source: Any) -> Any:
+    """``source`` itself, or what the zero-argument function ``source`` builds, recording the
+    arguments of the DataLoader subclasses it makes (``rebuild`` makes them again)."""
+    if _factory(source):
+        with recording():
+            return source()
+    return source
+
+
 def rebuilt(source: DataLoader[Any] | Callable[[], DataLoader[Any]], config: LoaderConfig) -> Any:
     """What the user iterates, rebuilt with ``config``: ``source`` (or what the function
     ``source`` builds) rebuilt; a ``WebLoader`` copied with its DataLoader rebuilt and the
     stages after it kept."""
-    if _factory(source):
-        with recording():
-            source = source()
-    return libraries.restaged(source, rebuild(loader_of(source), config))
+    made = built(source)
+    return libraries.restaged(made, rebuild(loader_of(made), config))
 
 
 def _factory(source: object) -> TypeGuard[Callable[[], Any]]:

@@ -23,12 +23,22 @@ def cgroup_cpu_quota(cgroup_root: Path, proc_self_cgroup: Path) -> float | None:
     """The tightest CPU quota (in CPUs, e.g. 1.5) binding this process, or ``None`` if unlimited
     or unknown. Reads cgroup v2 ``cpu.max`` and v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``
     in this process's cgroup and every ancestor up to ``cgroup_root``."""
+    return _min_known([quota for quota, _ in _quotas(cgroup_root, proc_self_cgroup)])
+
+
+def _quotas(cgroup_root: Path, proc_self_cgroup: Path) -> list[tuple[float | None, Path]]:
+    """Each CPU quota on this process's cgroup path (v2 ``cpu.max``, v1's CFS files; None:
+    unlimited or unknown), with the file where that cgroup counts its CPU time."""
     paths = _cgroup_paths(proc_self_cgroup)
-    quotas = [_parse_cpu_max(_read(d / "cpu.max")) for d in _ancestors(cgroup_root, paths.get(""))]
+    found = [
+        (_parse_cpu_max(_read(d / "cpu.max")), d / "cpu.stat")
+        for d in _ancestors(cgroup_root, paths.get(""))
+    ]
     for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
         for d in _ancestors(cgroup_root / mount, paths.get("cpu")):
-            quotas.append(_parse_cfs(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")))
-    return _min_known(quotas)
+            quota = _parse_cfs(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us"))
+            found.append((quota, d / "cpuacct.usage"))
+    return found
 
 
 def cgroup_memory_limit(cgroup_root: Path, proc_self_cgroup: Path) -> int | None:
@@ -73,7 +83,7 @@ NPROC_UNCOUNTED = 2**15
 
 
 def _nproc_free() -> int | None:
-    import resource  # not on Windows: _safe answers None there
+    import resource  # not on Windows: _nproc_free_safely answers None there
 
     soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
     if soft == resource.RLIM_INFINITY or soft < 0 or os.geteuid() == 0:
@@ -203,19 +213,11 @@ def cpu_pool(
     """Where the CPU time this process competes for is counted (see ``CpuPool``): a container
     limited to 2 CPUs on a 64-CPU host is busy by what its own processes use, not by the
     host's other tenants."""
-    paths = _cgroup_paths(proc_self_cgroup)
-    bound: list[tuple[float, Path]] = []
-    for d in _ancestors(cgroup_root, paths.get("")):
-        quota = _parse_cpu_max(_read(d / "cpu.max"))
-        if quota is not None and (d / "cpu.stat").is_file():
-            bound.append((quota, d / "cpu.stat"))
-    for mount in ("cpu,cpuacct", "cpuacct,cpu", "cpu"):
-        for d in _ancestors(cgroup_root / mount, paths.get("cpu")):
-            quota = _parse_cfs(_read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us"))
-            if quota is not None and (d / "cpuacct.usage").is_file():
-                bound.append((quota, d / "cpuacct.usage"))
+    quotas = _quotas(cgroup_root, proc_self_cgroup)
+    bound = [(quota, usage) for quota, usage in quotas if quota is not None and usage.is_file()]
     if bound:
         return CpuPool(usage=min(bound, key=lambda b: b[0])[1])
+    paths = _cgroup_paths(proc_self_cgroup)
     sets = [_read(d / "cpuset.cpus.effective") for d in _ancestors(cgroup_root, paths.get(""))]
     sets += [
         _read(d / "cpuset.cpus") for d in _ancestors(cgroup_root / "cpuset", paths.get("cpuset"))

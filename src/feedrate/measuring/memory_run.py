@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader
 from feedrate.loader.batches import batch_nbytes, count_samples, count_tensors
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import is_iterable_style, rebuild
-from feedrate.measuring import random_state
 from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import synchronize, to_device
 from feedrate.measuring.failures import IndexReportingDataset
@@ -103,14 +102,13 @@ def sample_run(
 ) -> SampleRun:
     """Run ``loader`` with 2 workers (its own batching, sampler and prefetch depth; workers not
     kept between epochs) for about ``seconds`` from the first batch or one epoch, whichever
-    ends first. Memory is first read as soon as every worker has delivered a batch. The random
-    state the loader draws on is left as it was (``random_state``)."""
+    ends first. Memory is first read as soon as every worker has delivered a batch."""
     config = memory_run_config(loader)
     dataset = None if is_iterable_style(loader) else IndexReportingDataset(loader.dataset)
     run = rebuild(loader, config, dataset=dataset)
     run.timeout = timeout_s
     batches, first, began = 0, None, 0.0
-    with random_state.kept(loader), Workers(run, timeout_s) as it:
+    with Workers(run, timeout_s) as it:
         log = _MemoryLog(it, clock)
         for batch in it:
             batches += 1

@@ -72,8 +72,11 @@ def system_busy(pool: CpuPool | None = None) -> float:
     used = pool.busy_s()
     if used is not None:
         return used
-    times = psutil.cpu_times(percpu=True)
-    mine = [times[c] for c in pool.cpus if c < len(times)] if pool.cpus else times
+    if pool.cpus:
+        times = psutil.cpu_times(percpu=True)
+        mine = [times[c] for c in pool.cpus if c < len(times)]
+    else:  # the machine's: one line of /proc/stat, not one per CPU
+        mine = [psutil.cpu_times()]
     return float(sum(sum(t) - t.idle - getattr(t, "iowait", 0.0) for t in mine))
 
 
