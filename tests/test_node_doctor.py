@@ -331,6 +331,10 @@ def test_two_ranks_get_the_same_node_findings(tmp_path: Path) -> None:
     for rep in reports:
         assert rep.ranks is not None and rep.ranks["world_size"] == 2
         assert [r["rank"] for r in rep.ranks["per_rank"]] == [0, 1]
+        # Worker counts judged within the rank's share (1 of the node's 2 CPUs), as tune does:
+        # the report's machine stays the node's, for the node's findings.
+        assert rep.ranks["cpus_per_rank"] == 1 and rep.machine["cpus_usable"] == 2
+        assert "one worker per usable CPU (1)" in [t.reason for t in rep.trials]
         assert next(c for c in rep.checks if c.name == "node").status == "ok"
     assert [line for line in done.stdout.splitlines() if line.strip()] == [
         "said: " + " ".join(f.id for f in reports[0].findings)

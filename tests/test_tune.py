@@ -71,13 +71,16 @@ def test_latency_bound_goes_past_the_cpu_count() -> None:
     assert r.best.config.num_workers > cpus
     # What took the search past the CPU count: workers that mostly wait.
     assert any("mostly wait" in t.reason for t in r.trials), [t.reason for t in r.trials]
-    # The label of the answer: latency, unless other processes filled the CPUs meanwhile (then
-    # its workers queue for a core, and "cpu" is what was measured).
+    # The label of the answer: latency, unless the CPUs were full while it was measured (other
+    # processes, or this pipeline's own handing over of many small batches): then its workers
+    # queue for a core, and "cpu" is what was measured. Never "cpu" on CPUs left idle.
     best = r.best
-    others = (best.system_busy_cpus or 0.0) - best.main_cpu - best.workers_cpu
-    assert r.bottleneck == "latency" or (r.bottleneck == "cpu" and others >= 0.5), (
+    busy = best.system_busy_cpus or 0.0
+    assert r.bottleneck == "latency" or (r.bottleneck == "cpu" and busy >= 0.85 * cpus), (
         r.bottleneck,
-        others,
+        busy,
+        best.main_cpu,
+        best.workers_cpu,
     )
     assert any(f.id == "too-few-workers" for f in r.findings)
     # More workers than CPUs on purpose: said in a finding, and the loader handed back does not

@@ -51,7 +51,7 @@ def _evidence(
     text = (
         f"main process {t.main_cpu:.0%} of a core, workers {t.workers_cpu:.0%} in total "
         f"({t.worker_cpu_mean:.0%} each, {queued:.0%} more queued for a CPU) at "
-        f"{t.config.label()} on {cpus} usable CPUs"
+        f"{t.config.label()} on {cpus} usable CPU{'s' if cpus != 1 else ''}"
     )
     rate = ipc_bytes_per_s(t, batch_size)
     if kind == "ipc" and rate is not None and t.batch_bytes:
@@ -167,7 +167,8 @@ def bottleneck_finding(
         return Finding("bottleneck", "info", message, _HELPS["consumer"])
     if kind in ("contention", "uneven"):
         why = (
-            f"the loader and the training step compete for the {cpus} usable CPUs"
+            f"the loader and the training step compete for the {cpus} usable "
+            f"CPU{'s' if cpus != 1 else ''}"
             if kind == "contention"
             else "batches arrive too unevenly for the prefetch queue to absorb"
         )

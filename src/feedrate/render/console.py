@@ -325,13 +325,20 @@ def doctor_trials(report: Report) -> Table:
 
 
 def doctor_summary(report: Report) -> Table:
-    m = report.machine
+    m, shape = report.machine, report.ranks or {}
     shm = size(m.get("shm_free_bytes"))
+    share = shape.get("cpus_per_rank")
+    each = (
+        f" ({share} per rank: {shape.get('local_world_size')} ranks here, worker counts judged "
+        "per rank)"
+        if share is not None
+        else ""
+    )
     rows = [
         ("your settings", f"{report.config.label()}, batch_size={report.batch_size}"),
         (
             "machine",
-            f"{m.get('cpus_usable')} usable CPUs, /dev/shm {shm} free, "
+            f"{m.get('cpus_usable')} usable CPUs{each}, /dev/shm {shm} free, "
             f"accelerator {m.get('accelerator', 'none')}",
         ),
     ]

@@ -68,8 +68,9 @@ class Report:
     consumer: dict[str, Any] | None = None
     pipeline_error: str | None = None
     feedrate_version: str = ""
-    #: In a distributed job: its shape (``Ranks.to_dict()``) and ``per_rank``, each rank's
-    #: ``RankFacts`` as a dict, from which the node's findings were judged.
+    #: In a distributed job: its shape (``Ranks.to_dict()``), ``per_rank``, each rank's
+    #: ``RankFacts`` as a dict, from which the node's findings were judged, and
+    #: ``cpus_per_rank``, the rank's share of the node's CPUs its worker counts were judged in.
     ranks: dict[str, Any] | None = None
 
     @property

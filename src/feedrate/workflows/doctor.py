@@ -112,14 +112,15 @@ def doctor(
     wanted = wanted_checks(checks)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     facts = facts_for(machine)  # a bad fact fails here, before the other ranks are met
-    # In a distributed job; the loader's random state (its generators, the global ones) kept.
-    with node_step(wanted, trial_seconds + timeout_s) as judged, random_state.kept(loaders.first):
-        doc = _Doctor(loaders.first, facts, consumer, wanted, timeout_s, progress)
+    # Worker counts within a rank's share of its node; the loader's random state kept.
+    with node_step(wanted, trial_seconds + timeout_s) as node, random_state.kept(loaders.first):
+        mine, on_node = node.share(facts), node.machine(facts)
+        doc = _Doctor(loaders.first, on_node, consumer, wanted, timeout_s, progress, rank=mine)
         doc.compared.seconds, doc.compared.source = trial_seconds, loaders.source
         doc.loaders = loaders  # a factory's: a fresh loader for each run
         for name in STEPS:
             doc.step(name)
-        return judged(doc.report(target), loaders.first)
+        return node.judged(doc.report(target), loaders.first, mine.cpus_usable)
 
 
 def tune_checks(
@@ -165,11 +166,13 @@ class _Doctor:
         seconds: float = TRIAL_SECONDS,
         measured: tuple[Trial, Trial] | None = None,
         memory_seconds: float = MEMORY_SECONDS,
+        rank: MachineFacts | None = None,
     ) -> None:
         """``measured``: your settings and the answer, already measured (tune's), judged
-        instead of measuring them again; the dataset traps are then judged at the larger of
-        the two worker counts."""
+        instead of measuring them again (the dataset traps then at the larger worker count).
+        ``rank``: a rank's share of its node (``facts``), worker counts tried and advised in."""
         self.loader, self.facts, self.consumer = loader, facts, consumer
+        self.rank = rank or facts
         self.wanted, self.timeout_s, self.progress = wanted, timeout_s, progress
         self.config = config_of(loader)
         self.memory_seconds = memory_seconds
@@ -177,7 +180,7 @@ class _Doctor:
         self.runs: list[CheckRun] = []
         self.seen = Evidence()
         self.compared = Comparison(
-            loader, facts, consumer, seconds=seconds, timeout_s=timeout_s, measured=measured
+            loader, self.rank, consumer, seconds=seconds, timeout_s=timeout_s, measured=measured
         )
         self.pipeline_error: str | None = None
         #: The worker count the dataset traps are judged at (tune: its answer, if more).
@@ -240,7 +243,7 @@ class _Doctor:
         predicted to overflow /dev/shm from the batch made in the main process (the one rule,
         ``checks.machine.refusal``); None when it may."""
         config = {"memory": memory_run_config(self.loader), "performance": self.config}.get(name)
-        return None if config is None else refusal(config, self.facts.to_dict(), self._bytes())
+        return None if config is None else refusal(config, self.rank.to_dict(), self._bytes())
 
     def _bytes(self) -> int | None:
         """A batch's bytes, from the best evidence gathered."""

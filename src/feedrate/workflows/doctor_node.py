@@ -8,14 +8,20 @@ gathered facts, so every rank's report holds the same node findings. A rank whos
 sends the failure instead; a rank that does not come (it does not call the doctor) fails the
 others within ``JOIN_S``, and one that dies after meeting fails them at once (its
 connections close): either way a ``check-failed`` finding, never a hang. Outside a distributed
-job (or when no node finding is asked for) the report is returned untouched.
+job (or when nothing asked for depends on the ranks) the report is returned untouched.
+
+Each rank judges worker counts within its share of the node (``distributed.node.share``, as
+``tune`` decides them): the alternatives it measures and the count it advises are per rank,
+so that every rank taking the advice does not oversubscribe the node ``local_world`` times.
+What the node's findings sum over the ranks (memory, /dev/shm, threads, workers) is judged
+against the whole node.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +33,8 @@ from feedrate.distributed import group
 from feedrate.distributed.channel import JOIN_S, Channel, RankError, failed, failure
 from feedrate.distributed.facts import rank_facts
 from feedrate.distributed.group import Ranks
+from feedrate.distributed.node import of_node, share
+from feedrate.machine.facts import MachineFacts
 from feedrate.results.doctor import CheckRun, CheckStatus, Report
 from feedrate.results.findings import Finding, by_severity
 from feedrate.results.ranks import RankFacts
@@ -35,6 +43,8 @@ from feedrate.workflows.doctor_steps import CHECKS
 
 #: The finding ids judged from every rank's facts together.
 NODE_CHECKS = frozenset(i for i, steps in CHECKS.items() if "node" in steps)
+#: The finding ids that advise a worker count, judged within the rank's share of the node.
+SHARE_CHECKS = frozenset({"too-few-workers", "too-many-workers", "bottleneck"})
 #: The key of a rank's document that carries its pipeline's error (the doctor's own, if any).
 RAISED = "pipeline_error"
 #: What the node step does, as findings name it.
@@ -46,14 +56,42 @@ GATHER_S = 60.0
 SKEW_STEPS = 20
 
 
+class Node:
+    """What ``node_step`` yields: the machine as a rank judges it, and the judging of its report
+    on the node. Outside a job both leave the facts and the report as they are."""
+
+    def __init__(self, met: Channel | RankError | None, wanted: set[str]) -> None:
+        self.met, self.wanted = met, wanted
+        self.ranks = met.ranks if isinstance(met, Channel) else None
+
+    def machine(self, facts: MachineFacts) -> MachineFacts:
+        """The node's facts, as this rank's ``facts`` tell them (all its ranks' CPUs where they
+        are pinned apart): what the report shows and the node's findings are judged against."""
+        return facts if self.ranks is None else of_node(facts, self.ranks.node_cpus)
+
+    def share(self, facts: MachineFacts) -> MachineFacts:
+        """This rank's share of the node: the facts worker counts are tried and advised in."""
+        if self.ranks is None:
+            return facts
+        return share(facts, self.ranks.local_world, self.ranks.node_cpus)
+
+    def judged(self, report: Report, loader: DataLoader[Any], rank_cpus: int) -> Report:
+        """``report`` judged on the node (``on_the_node``); its ``ranks`` say ``rank_cpus``, the
+        CPUs this rank's worker counts were judged within."""
+        report = on_the_node(report, loader, self.wanted, self.met)
+        if report.ranks is not None:
+            report.ranks["cpus_per_rank"] = rank_cpus
+        return report
+
+
 @contextlib.contextmanager
-def node_step(wanted: set[str], step_s: float) -> Iterator[Callable[[Report, Any], Report]]:
-    """The ranks met (``meet``) around a rank's own checks; what it yields judges the report
-    on the node (``on_the_node``). Should the checks raise (Ctrl-C, a bug), the channel is
-    closed: the others learn it at once."""
+def node_step(wanted: set[str], step_s: float) -> Iterator[Node]:
+    """The ranks met (``meet``) around a rank's own checks; the ``Node`` it yields tells the
+    rank's share and judges the report on the node. Should the checks raise (Ctrl-C, a bug),
+    the channel is closed: the others learn it at once."""
     met = meet(wanted, step_s)
     try:
-        yield lambda report, loader: on_the_node(report, loader, wanted, met)
+        yield Node(met, wanted)
     except BaseException:
         if isinstance(met, Channel):
             met.close()
@@ -64,10 +102,11 @@ def meet(wanted: set[str], step_s: float) -> Channel | RankError | None:
     """Collective in a distributed job, before any rank examines its loader: the ranks' channel
     for the node step, or why they did not all come (a rank that does not call the doctor
     fails the others within ``JOIN_S``, not at the end of their examination). None outside a
-    job or when no node finding is wanted. Once met, a rank waits for the last to finish its
-    own checks at most ``SKEW_STEPS`` × ``step_s`` + ``GATHER_S`` (s); a rank that dies
-    meanwhile closes its connections, which fails the others' wait at once."""
-    if not group.active() or not wanted & NODE_CHECKS:
+    job, or when no finding that depends on the ranks (``NODE_CHECKS``, ``SHARE_CHECKS``) is
+    wanted. Once met, a rank waits for the last to finish its own checks at most
+    ``SKEW_STEPS`` × ``step_s`` + ``GATHER_S`` (s); a rank that dies meanwhile closes its
+    connections, which fails the others' wait at once."""
+    if not group.active() or not wanted & (NODE_CHECKS | SHARE_CHECKS):
         return None
     try:
         return Channel.open("feedrate.doctor", GATHER_S + SKEW_STEPS * step_s, join_s=JOIN_S)
