@@ -389,6 +389,26 @@ def test_a_mistake_in_the_command_is_said_once(tmp_path: Path, short_tmp: str) -
 
 
 @pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["tune", "gone.py:loader"], "no such file: gone.py"),
+        (["doctor", "job.py"], "bad TARGET 'job.py' (no ':NAME')"),
+        (["doctor", "job.py:loader", "--step", "gone.py:step"], "no such file: gone.py"),
+    ],
+)
+def test_a_target_that_is_not_there_is_said_before_any_rank_starts(
+    tmp_path: Path, command: list[str], said: str
+) -> None:
+    (tmp_path / "job.py").write_text(TARGET, encoding="utf-8")
+    run = [sys.executable, "-m", "feedrate", *command, "--nproc-per-node", "2"]
+    done = subprocess.run(
+        run, env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr and "starting 2 ranks" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
     ("signum", "code", "word", "group"),
     [
         (signal.SIGINT, 130, "interrupted", True),  # Ctrl-C: the terminal's whole group

@@ -70,6 +70,7 @@ def rank_options(*, shard: bool) -> Callable[[F], F]:
         @functools.wraps(fn)
         def command(*args: Any, nproc_per_node: int | None, **kwargs: Any) -> Any:
             if nproc_per_node is not None and nproc_per_node > 1:
+                _found(kwargs)  # a TARGET that is not there: said once, before any rank starts
                 return _start(nproc_per_node)
             return _as_rank(fn, *args, **kwargs)
 
@@ -89,6 +90,16 @@ def rank_options(*, shard: bool) -> Callable[[F], F]:
         return opts  # type: ignore[return-value]
 
     return wrap
+
+
+def _found(kwargs: dict[str, Any]) -> None:
+    """The command's TARGET, and its ``--step``, have the form of one and their files exist
+    (``TargetError`` else); nothing is imported here, that is each rank's."""
+    from feedrate.loader.target import found_target
+
+    for name in ("target", "step_spec"):
+        if isinstance(kwargs.get(name), str):
+            found_target(kwargs[name])
 
 
 def _start(ranks: int) -> None:

@@ -15,13 +15,11 @@ import inspect
 import itertools
 import os
 import sys
-import sysconfig
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from torch.utils.data import DataLoader, Dataset
 
@@ -29,11 +27,13 @@ from feedrate.errors import TargetError
 from feedrate.loader import libraries
 from feedrate.loader.init_args import recording
 from feedrate.loader.rebuild import quiet_worker_count_warning
+from feedrate.loader.user_code import run_user
 from feedrate.loader.words import BY_TRAINER
 
 __all__ = [
     "TargetKind",
     "TargetSpec",
+    "found_target",
     "load_source",
     "load_step",
     "load_target",
@@ -42,13 +42,8 @@ __all__ = [
 
 TargetKind = Literal["file", "module"]
 
-_T = TypeVar("_T")
 _FORM = "expected path/to/file.py:NAME or package.module:NAME"
 _NOT_LOADER = "not a torch.utils.data.DataLoader or a zero-argument callable returning one"
-_MAX_FRAMES = 4  # the deepest user frames shown in one-line error messages
-_MAX_MESSAGE = 160  # characters of the user's exception message shown
-_FEEDRATE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
-_STDLIB_DIRS = {os.path.realpath(sysconfig.get_path(k)) + os.sep for k in ("stdlib", "platstdlib")}
 _SEPARATORS = [s for s in ("/", os.sep, os.altsep) if s]
 
 
@@ -139,8 +134,8 @@ def _load_object(spec: str | TargetSpec, step: bool = False) -> tuple[TargetSpec
     if target.kind == "file":
         module = _import_file(target)
     else:
-        module = _run_user(target, "importing it", lambda: _import_module(target.location))
-    return target, _run_user(target, "getting it", lambda: _resolve(module, target, step))
+        module = run_user(target, "importing it", lambda: _import_module(target.location))
+    return target, run_user(target, "getting it", lambda: _resolve(module, target, step))
 
 
 def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
@@ -159,11 +154,19 @@ def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
     return step
 
 
-def _import_file(target: TargetSpec) -> ModuleType:
+def found_target(spec: str | TargetSpec) -> TargetSpec:
+    """``spec`` parsed (``parse_target``), its file found on disk; nothing imported. What can
+    be told of a TARGET before anything is started for it (the ranks of ``--nproc-per-node``)."""
+    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
     path = Path(target.location)
-    if not path.is_file():
+    if target.kind == "file" and not path.is_file():
         what = "not a file" if path.exists() else "no such file"
         raise TargetError(f"{what}: {target.location}")
+    return target
+
+
+def _import_file(target: TargetSpec) -> ModuleType:
+    path = Path(found_target(target).location)
     filename = os.path.abspath(path)
     directory = os.path.dirname(filename)
     if directory not in sys.path:
@@ -180,7 +183,7 @@ def _import_file(target: TargetSpec) -> ModuleType:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:
-        _run_user(target, "importing it", lambda: loader.exec_module(module))
+        run_user(target, "importing it", lambda: loader.exec_module(module))
     except BaseException:
         if sys.modules.get(name) is module:
             del sys.modules[name]
@@ -267,7 +270,7 @@ def _as_loader(value: object, target: TargetSpec) -> DataLoader[Any]:
             f"{target} needs arguments ({', '.join(required)}), but {target.name} must take"
             f" none: point the TARGET at a function without parameters that builds the loader"
         )
-    result = _run_user(target, "calling it", value)
+    result = run_user(target, "calling it", value)
     held = _held_loader(result, target)
     if held is not None:
         return held
@@ -287,7 +290,7 @@ def _held_loader(value: object, target: TargetSpec) -> DataLoader[Any] | None:
     except ImportError:  # the framework adapters are not there
         held = None
     else:
-        held = _run_user(target, "getting its DataLoader", lambda: loader_from(value))
+        held = run_user(target, "getting its DataLoader", lambda: loader_from(value))
     if held is not None:
         if type(value).__module__.startswith("transformers"):  # a Trainer: set by its arguments
             libraries.mark_wrapped(held, BY_TRAINER)
@@ -306,78 +309,6 @@ def _required_parameters(fn: Callable[..., object]) -> list[str]:
         return []
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     return [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
-
-
-def _run_user(target: TargetSpec, action: str, fn: Callable[[], _T]) -> _T:
-    """Run the user's code; turn what it raises into a one-line TargetError (cause kept).
-
-    TargetError passes through; KeyboardInterrupt propagates; SystemExit becomes a TargetError.
-    """
-    try:
-        return fn()
-    except TargetError:
-        raise
-    except SystemExit as exc:
-        where = _where(exc)
-        advice = ': guard script code with if __name__ == "__main__":' if "import" in action else ""
-        code = _clip(repr(exc.code))
-        raise TargetError(f"{target}: {action} called sys.exit({code}){where}{advice}") from exc
-    except Exception as exc:
-        raise TargetError(f"{target}: {action} raised {_summary(exc)}{_where(exc)}") from exc
-
-
-def _summary(exc: BaseException) -> str:
-    """``Type: first line of the message``, truncated to _MAX_MESSAGE characters."""
-    try:
-        text = exc.msg if isinstance(exc, SyntaxError) and exc.msg else str(exc)
-    except Exception:  # a user's __str__ can fail too
-        text = ""
-    first = _clip(text)
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def _clip(text: str) -> str:
-    """The first line of ``text``, at most _MAX_MESSAGE characters; '...' marks what was cut."""
-    lines = [line.strip() for line in text.strip().splitlines()]
-    first = lines[0] if lines else ""
-    if len(first) > _MAX_MESSAGE:
-        return first[: _MAX_MESSAGE - 3] + "..."
-    return first + " ..." if len(lines) > 1 else first
-
-
-def _where(exc: BaseException) -> str:
-    """`` (at file:line in func; ...)`` for the deepest user frames, or '' when there are none."""
-    places = [f"{_display_path(f.filename)}:{f.lineno} in {f.name}" for f in _user_frames(exc)]
-    if isinstance(exc, SyntaxError) and exc.filename:
-        places.append(f"{_display_path(exc.filename)}:{exc.lineno}")
-    return f" (at {'; '.join(places[-_MAX_FRAMES:])})" if places else ""
-
-
-def _user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
-    """Frames outside importlib's bootstrap and feedrate; of those, the ones outside the standard
-    library and installed packages when there are any (else all, so a failure in an installed
-    package still has a location)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _origin(f.filename) != "ours"]
-    own = [f for f in frames if _origin(f.filename) == "user"]
-    return own or frames
-
-
-def _origin(filename: str) -> Literal["ours", "library", "user"]:
-    """'ours' for importlib's frozen bootstrap and feedrate, 'library' for the standard library
-    and installed packages, else 'user'."""
-    real = os.path.realpath(filename)
-    if filename.startswith("<") or real.startswith(_FEEDRATE_DIR):
-        return "ours"
-    parts = Path(real).parts
-    if "site-packages" in parts or "dist-packages" in parts:
-        return "library"
-    return "library" if any(real.startswith(d) for d in _STDLIB_DIRS) else "user"
-
-
-def _display_path(filename: str) -> str:
-    """Relative to the working directory when under it, else as recorded."""
-    relative = os.path.relpath(filename)
-    return filename if relative.startswith(os.pardir) else relative
 
 
 def _same(a: str, b: str) -> bool:
