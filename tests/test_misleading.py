@@ -74,7 +74,7 @@ def test_workers_measured_slower_keep_their_verdict() -> None:
         ),
         (
             fault("memory-blocks"),
-            "predicted memory 9.00 GiB over the budget of 4.00 GiB",
+            "predicted workers' memory 9.00 GiB over the budget of 4.00 GiB",
             "--memory-limit",
             "ulimit",
         ),

@@ -289,9 +289,10 @@ def test_the_budget_stops_a_round() -> None:
 
 
 def test_more_workers_stop_at_the_memory_budget_not_short_of_it() -> None:
-    # 100 MiB a worker, 200 MiB the main process: 7 workers fit 900 MiB, 8 would not. Starved
-    # at 4, the step up goes to the 7 that fit (it used to aim past them, skip, and stop at 4).
-    tuner = tuner_from(4, memory_budget=900 * MiB)
+    # 100 MiB a worker (the main process, there with any setting, not counted): 7 workers fit
+    # 750 MiB, 8 would not. Starved at 4, the step up goes to the 7 that fit (it used to aim
+    # past them, skip, and stop at 4).
+    tuner = tuner_from(4, memory_budget=750 * MiB)
     loop = Loop(tuner, batch_s=0.4, step_s=0.01)  # starved at 4: more workers would help
     loop.epoch(60)
     tried = [t.config.num_workers for t in tuner.trials]

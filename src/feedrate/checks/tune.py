@@ -133,12 +133,12 @@ DOCS = (
         ),
         evidence=(
             "From `tune`: how many configurations were skipped, and the first with its prediction, "
-            "made from what the trials so far measured: the main process's memory plus the largest "
-            "worker's (USS) times the workers, against half the available memory (or "
-            "`--memory-limit`); the batch's bytes × `num_workers` × `prefetch_factor` × 1.5, "
-            "against half the free `/dev/shm`; the open files the `file_descriptor` sharing "
-            "strategy would hold, against 80% of the soft limit; the pinned memory in flight, "
-            "against 10% of the machine's memory."
+            "made from what the trials so far measured: the largest worker's memory (USS) times "
+            "the workers, against half the available memory (or `--memory-limit`; the main "
+            "process, there with any setting, is not counted); the batch's bytes × "
+            "`num_workers` × `prefetch_factor` × 1.5, against half the free `/dev/shm`; the open "
+            "files the `file_descriptor` sharing strategy would hold, against 80% of the soft "
+            "limit; the pinned memory in flight, against 10% of the machine's memory."
         ),
         fix=(
             "Raise the budget if you want them tried: `--memory-limit` (`tune(memory_limit=...)`), "

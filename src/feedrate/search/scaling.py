@@ -81,7 +81,7 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
         found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {space.cpus} usable CPUs"))
     seen = peaks(trials)
     if space.memory_budget is not None and seen.per_worker:
-        n = (space.memory_budget - seen.main) // seen.per_worker
+        n = space.memory_budget // seen.per_worker
         mib = seen.per_worker / 2**20
         found.append(Ceiling(n, f"the memory budget ({mib:.0f} MiB per worker)"))
     if space.shm_budget is not None and seen.batch:

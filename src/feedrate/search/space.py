@@ -202,10 +202,10 @@ def eligible(space: Space, trials: list[Trial]) -> list[Trial]:
 
 
 def over_memory(space: Space, t: Trial) -> bool:
-    """``t`` measured, its processes' own memory (USS, as the budget's predictions count it)
-    over the memory budget."""
-    held = (t.main_uss_bytes or 0) + (t.workers_uss_bytes or 0)
-    return space.memory_budget is not None and held > space.memory_budget
+    """``t`` measured, its workers' own memory (USS, as the budget's predictions count it) over
+    the memory budget. The main process is not counted: it is there with any setting, and
+    already out of the memory available when the budget was read from it."""
+    return space.memory_budget is not None and (t.workers_uss_bytes or 0) > space.memory_budget
 
 
 def threaded(trials: list[Trial]) -> list[Trial]:
@@ -245,10 +245,9 @@ def fastest(trials: list[Trial]) -> Trial | None:
 @dataclass(frozen=True)
 class Peaks:
     """The largest sizes the measured trials saw (bytes; 0 where none was measured): one
-    worker's memory, the main process's, and one batch."""
+    worker's memory and one batch."""
 
     per_worker: int
-    main: int
     batch: int
 
 
@@ -256,7 +255,6 @@ def peaks(trials: list[Trial]) -> Peaks:
     measured = [t for t in trials if t.measured]
     return Peaks(
         max((t.worker_uss_max_bytes or 0 for t in measured), default=0),
-        max((t.main_uss_bytes or 0 for t in measured), default=0),
         max((t.batch_bytes or 0 for t in measured), default=0),
     )
 
@@ -265,12 +263,12 @@ def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) ->
     """Why ``cfg`` would exceed a budget, predicted from measured per-process memory and batch
     bytes; None when it fits or nothing is known yet."""
     seen = peaks(trials)
-    per_worker, main, batch = seen.per_worker, seen.main, seen.batch
+    per_worker, batch = seen.per_worker, seen.batch
     w, pf = cfg.num_workers, cfg.prefetch_factor or 0
-    memory = main + w * per_worker
+    memory = w * per_worker  # the workers' (``over_memory``)
     if space.memory_budget is not None and per_worker and memory > space.memory_budget:
         return (
-            f"predicted memory {size(memory)} over the budget of "
+            f"predicted workers' memory {size(memory)} over the budget of "
             f"{size(space.memory_budget)} ({size(per_worker)} per worker)"
         )
     shm = int(batch * w * pf * SHM_HEADROOM)

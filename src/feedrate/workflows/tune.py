@@ -78,8 +78,8 @@ def tune(
     the noise of the fastest); with ``rate`` (samples/s), ``step_time`` (s per batch) or ``step``
     (a callable taking a batch) it is the fewest workers that keep that consumer fed. The search
     stops when gains fall within the noise or ``budget_s`` is spent (the result then says it is
-    partial). ``memory_limit`` bounds the predicted memory (bytes, default half of what is
-    available). Results are cached per machine and pipeline unless ``fresh``.
+    partial). ``memory_limit`` bounds the workers' predicted memory (bytes, default half of
+    what is available). Results are cached per machine and pipeline unless ``fresh``.
 
     ``budget_s`` bounds the wall time, workers' start-up included: each trial gets at most
     ``trial_seconds`` of steady state and half of what is left of the budget, and ends within
