@@ -401,11 +401,21 @@ class KnownFigures:
         )
 
 
-def compare(workers: int, figures: KnownFigures) -> Comparison:
+def compare(workers: int, figures: KnownFigures, cpus: int = 2) -> Comparison:
     loader = DataLoader(TinyDataset(4096), batch_size=4, num_workers=workers)
-    compared = Comparison(loader, facts(cpus_usable=2), None, measure_trial=figures)
+    compared = Comparison(loader, facts(cpus_usable=cpus), None, measure_trial=figures)
     compared.run()
     return compared
+
+
+def test_one_waiting_worker_that_ties_none_is_doubled_all_the_same() -> None:
+    # A rank's share of one CPU: one worker that mostly waits overlaps nothing and ties no
+    # workers; two overlap their waits. Said as too few, not "no problems found".
+    figures = KnownFigures({0: (239.0, 0.0, 0.0), 1: (238.0, 0.03, 0.0), 2: (470.0, 0.03, 0.0)})
+    compared = compare(0, figures, cpus=1)
+    assert figures.asked[:3] == [0, 1, 2]
+    few = compared.worker_count_finding()
+    assert few is not None and few.id == "too-few-workers" and "num_workers=2" in few.fix
 
 
 def test_workers_that_mostly_wait_are_doubled_and_too_few_is_confirmed() -> None:

@@ -170,16 +170,20 @@ class Comparison:
         return out
 
     def _latency_probe(self) -> tuple[LoaderConfig, str] | None:
-        """Twice the most workers tried, when those mostly wait and are the fastest so far."""
+        """Twice the most workers tried, when those mostly wait and the fastest so far is not
+        faster beyond the noise: one waiting worker overlaps nothing, so it can tie no workers
+        (a rank's share of one CPU tries just one), and that is no sign that more would not
+        pay."""
         measured = self.measured()
-        top = fastest(measured)
-        most = max((t.config.num_workers for t in measured), default=0)
-        if top is None or top.config.num_workers != most or most == 0:
+        top = max(measured, key=lambda t: t.config.num_workers, default=None)
+        fast = fastest(measured)
+        if top is None or fast is None or top.config.num_workers == 0 or beats(fast, top):
             return None
         if bottleneck(top, self.facts.cpus_usable) != "latency":
             return None
         if self.consumer is not None and covers(top):
             return None
+        most = top.config.num_workers
         more = min(2 * most, LATENCY_CAP)
         why = f"workers at {most} mostly wait ({top.worker_cpu_mean:.0%} CPU each)"
         return (self._with(more), why) if more > most else None
