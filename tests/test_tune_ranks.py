@@ -266,6 +266,9 @@ def test_nproc_per_node_tunes_and_checks_the_node_and_only_rank_zero_speaks(
     assert "no-distributed-sampler" not in found  # --shard: you said your trainer adds one
     # The answer is for your loader, not for the shard each trial read: no sampler of ours.
     assert "sampler=" not in doc["code"] and doc["code"].startswith("DataLoader(dataset,")
+    # ... and says what its figures hold for: training with a DistributedSampler.
+    assert doc["ranks"]["shard_made"] is True
+    assert "DistributedSampler's shard made for the measurement" in " ".join(said.split())
     # Every rank ran the dataset checks on its own loader: rank 1's trap is found, as its own.
     assert found["shared-rng"]["message"].startswith("on rank 1 of 2")
     assert not left_behind(str(tmp_path))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from feedrate.checks.streams import stream_verdict
 from feedrate.results.evidence import Container, SampleRun, StreamDigests, WorkerView
 from feedrate.results.findings import Finding, FindingDoc
-from feedrate.units import size
+from feedrate.units import counted, size
 
 MiB = 2**20
 #: Mean worker USS growth over the run that, with large Python containers, is copy-on-read:
@@ -227,7 +227,8 @@ def thread_finding(
         "warning",
         f"each worker may run {per_worker} compute threads ({', '.join(sources)}, read in "
         f"the workers after worker_init_fn): {workers} workers × {per_worker} = {total} "
-        f"threads on {cpus} usable CPUs{running}; they preempt one another and the main process",
+        f"threads on {counted(cpus, 'usable CPU')}{running}; they preempt one another and the "
+        "main process",
         f"in worker_init_fn: {'; '.join(fixes)}"
         # Unset, OpenBLAS and OpenMP run one thread per core: the same oversubscription.
         + (f"; and set {', '.join(env)}=1 before starting Python" if env else ""),

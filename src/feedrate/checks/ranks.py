@@ -14,7 +14,7 @@ from feedrate.cpus import usable_cpus
 from feedrate.results.findings import Finding, FindingDoc, by_severity
 from feedrate.results.ranks import RankFacts
 from feedrate.search.space import SHM_HEADROOM
-from feedrate.units import size
+from feedrate.units import counted, size
 
 #: The node's ranks' processes above this share of its memory are a warning: training itself
 #: (the model, the optimizer's state, the framework) needs the rest.
@@ -82,16 +82,16 @@ def worker_oversubscription_finding(
     threads = max(r.threads for r in loading)
     on_threads = f", each fetching on {threads} threads" if threads > 1 else ""
     each = cpus // len(loading)
-    fix = f"num_workers={each} per rank ({cpus} usable CPUs ÷ {len(loading)} ranks)"
+    fix = f"num_workers={each} per rank ({counted(cpus, 'usable CPU')} ÷ {len(loading)} ranks)"
     if each == 0:
         fix = f"num_workers=0 per rank (fewer usable CPUs, {cpus}, than loading ranks)"
     return Finding(
         "node-worker-oversubscription",
         "warning",
         f"{_times([r.num_workers for r in loading], 'workers')} = {workers} worker processes"
-        f"{on_threads} (beside {len(ranks)} main processes) on {cpus} usable CPUs: the node's "
-        "ranks compete for its CPUs, so each rank's loader gets less than it would alone and "
-        "every step waits for the slowest rank (unless the workers mostly wait on I/O)",
+        f"{on_threads} (beside {len(ranks)} main processes) on {counted(cpus, 'usable CPU')}: "
+        "the node's ranks compete for its CPUs, so each rank's loader gets less than it would "
+        "alone and every step waits for the slowest rank (unless the workers mostly wait on I/O)",
         f"{fix}, or let feedrate tune measure with every rank loading at once (under torchrun)",
     )
 
@@ -115,9 +115,9 @@ def thread_oversubscription_finding(
         "node-thread-oversubscription",
         "warning",
         f"{_times(threads, 'intra-op threads')} (torch.get_num_threads(); {_omp(ranks)}) = "
-        f"{sum(threads)} on {cpus} usable CPUs: the ranks' CPU work (collation and pinning in "
-        "the main process, CPU compute) runs on more threads than the node has CPUs, and its "
-        "threads wait on each other",
+        f"{sum(threads)} on {counted(cpus, 'usable CPU')}: the ranks' CPU work (collation and "
+        "pinning in the main process, CPU compute) runs on more threads than the node has CPUs, "
+        "and its threads wait on each other",
         f"at most {cpus} ranks on this node (one CPU each), or a node with a CPU per rank"
         if fewest
         else f"OMP_NUM_THREADS={each} for every rank (torchrun sets 1 only where it is unset), "

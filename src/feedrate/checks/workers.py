@@ -8,7 +8,7 @@ from feedrate.results.findings import Finding, FindingDoc
 from feedrate.results.trial import Trial
 from feedrate.search.advice import judge_persistent
 from feedrate.search.space import STALL_MARGIN, beats, contended, covers, others_busy
-from feedrate.units import size
+from feedrate.units import counted, size
 
 
 def worker_count_finding(baseline: Trial, best: Trial, growing: bool = False) -> Finding | None:
@@ -47,7 +47,7 @@ def workers_past_cpus_finding(baseline: Trial, best: Trial, cpus: int) -> Findin
     return Finding(
         "workers-past-cpus",
         "info",
-        f"num_workers={w} is above the {cpus} usable CPUs on purpose: it measured "
+        f"num_workers={w} is above the {counted(cpus, 'usable CPU')} on purpose: it measured "
         f"{best.median:,.0f} samples/s (your settings {baseline.median:,.0f}), each worker "
         f"busy {best.worker_cpu_mean:.0%} of a core. DataLoader will warn that this is more "
         "than it suggests; that warning is a rule of thumb, this count was measured",
@@ -164,9 +164,9 @@ def busy_machine_finding(trials: list[Trial], cpus: int) -> Finding | None:
     return Finding(
         "busy-machine",
         "info",
-        f"other processes kept {busy:.1f} of the {cpus} usable CPUs busy {which}: rates are "
-        "lower and noisier than on a quiet machine, and a verdict that rests on that trial "
-        "holds for a machine this busy",
+        f"other processes kept {busy:.1f} of the {counted(cpus, 'usable CPU')} busy {which}: "
+        "rates are lower and noisier than on a quiet machine, and a verdict that rests on that "
+        "trial holds for a machine this busy",
         "measure again on a quiet machine, or give the job CPUs of its own (taskset, cpusets, "
         "a container's --cpuset-cpus)",
     )

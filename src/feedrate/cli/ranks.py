@@ -17,6 +17,7 @@ import click
 
 from feedrate.cli import output
 from feedrate.errors import UserError
+from feedrate.units import counted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,8 +118,8 @@ def _start(ranks: int) -> None:
     cpus = collect().cpus_usable
     if ranks > cpus:  # the figures are of a node with less than a CPU per rank
         output.err.print(
-            f"feedrate: warning: {ranks} ranks on {cpus} usable CPUs: each rank's main process "
-            "gets less than a CPU, and the answer is for a node like this one; tune on a "
+            f"feedrate: warning: {ranks} ranks on {counted(cpus, 'usable CPU')}: each rank's main "
+            "process gets less than a CPU, and the answer is for a node like this one; tune on a "
             "machine like the node you will train on",
             highlight=False,
         )

@@ -46,7 +46,7 @@ from feedrate.measuring.processes import ProcessProbe
 from feedrate.results.measurement import Measurement, WindowSummary
 from feedrate.results.processes import ProbeReport
 from feedrate.results.spread import Spread
-from feedrate.units import check_seconds
+from feedrate.units import check_seconds, counted
 
 LoaderSource = DataLoader[Any] | Callable[[], DataLoader[Any]]
 
@@ -342,7 +342,8 @@ def _notes(
         )
     if config.num_workers > facts.cpus_usable:
         notes.append(
-            f"num_workers={config.num_workers} is above the {facts.cpus_usable} usable CPUs: "
+            f"num_workers={config.num_workers} is above the "
+            f"{counted(facts.cpus_usable, 'usable CPU')}: "
             "this pays off only when workers mostly wait (latency-bound pipelines)"
         )
     if t.method == "whole-epochs":

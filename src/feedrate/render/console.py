@@ -338,7 +338,7 @@ def doctor_summary(report: Report) -> Table:
         ("your settings", f"{report.config.label()}, batch_size={report.batch_size}"),
         (
             "machine",
-            f"{m.get('cpus_usable')} usable CPUs{each}, /dev/shm {shm} free, "
+            f"{counted(int(m.get('cpus_usable') or 0), 'usable CPU')}{each}, /dev/shm {shm} free, "
             f"accelerator {m.get('accelerator', 'none')}",
         ),
     ]

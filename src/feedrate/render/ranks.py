@@ -30,6 +30,15 @@ def ranks_rows(result: TuneResult) -> list[tuple[str, str]]:
     if nodes > 1:
         for n, r in enumerate(result.node_rates()):
             rows.append((f"node {n}", f"{rate(r)} samples/s"))
+    if shape.get("shard_made"):
+        rows.append(
+            (
+                "shards",
+                "each rank read a DistributedSampler's shard made for the measurement (--shard): "
+                "the figures hold when you train with one (your trainer's, or "
+                "sampler=DistributedSampler(dataset)); without, every rank reads every sample",
+            )
+        )
     return rows
 
 

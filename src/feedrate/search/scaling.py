@@ -20,6 +20,7 @@ from feedrate.search.space import (
     series,
     workers_within_tasks,
 )
+from feedrate.units import counted
 
 #: The share of the usable CPUs a step's projected CPU time may fill.
 CPU_CEILING = 0.85
@@ -78,7 +79,7 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     own = top.main_cpu + top.workers_cpu
     if cpu and own > 0:
         n = math.floor(w * CPU_CEILING * space.cpus / own)
-        found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {space.cpus} usable CPUs"))
+        found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {counted(space.cpus, 'usable CPU')}"))
     seen = peaks(trials)
     if space.memory_budget is not None and seen.per_worker:
         n = space.memory_budget // seen.per_worker
@@ -129,16 +130,21 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
     limit = ceiling(space, trials, top)
     if limit.workers < w * NEAR:
         return n, (
-            f"the rate grew ×{gained:.1f} from {prev.config.num_workers} workers and the CPU "
-            f"time projects the CPUs busy: twice the workers, while the gain beats the noise{up_to}"
+            f"{_grew(prev, gained)} and the CPU time projects the CPUs busy: twice the workers, "
+            f"while the gain beats the noise{up_to}"
         )
     n = min(limit.workers, MAX_FACTOR * w)
     aim = f"meet {limit.what}" if n == limit.workers else f"head for {limit.what}"
-    why = (
-        f"the rate grew ×{gained:.1f} from {prev.config.num_workers} workers: at that rate per "
-        f"worker, {n} workers {aim}"
-    )
+    why = f"{_grew(prev, gained)}: at that rate per worker, {n} workers {aim}"
     return n, why
+
+
+def _grew(prev: Trial, gained: float) -> str:
+    """How the rate changed from ``prev``'s, in words: one worker that waits overlaps no wait,
+    and may only match no workers."""
+    w = prev.config.num_workers
+    was = "no workers" if w == 0 else counted(w, "worker")
+    return f"the rate grew ×{gained:.1f} from {was}" if gained >= 1.05 else f"as fast as {was}"
 
 
 #: What ``stream_start`` read its share from, for a stream.
@@ -171,7 +177,8 @@ def stream_start(
     return Ceiling(
         n,
         f"{n} workers: {seen} on a CPU {cpu_share:.0%} of the time, so about {n} fill "
-        f"{CPU_CEILING:.0%} of the {cpus} usable CPUs (at most {most}; projected, not measured)",
+        f"{CPU_CEILING:.0%} of the {counted(cpus, 'usable CPU')} (at most {most}; projected, "
+        "not measured)",
     )
 
 

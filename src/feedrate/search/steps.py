@@ -44,6 +44,7 @@ from feedrate.search.space import (
     threads_win,
     with_workers,
 )
+from feedrate.units import counted
 
 
 def _anchor_none(space: Space, trials: list[Trial]) -> Proposal | None:
@@ -320,7 +321,10 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
         nxt, more = hard.workers, f"{more}, up to {hard.workers}: {hard.what}"
     if nxt <= w:
         return None
-    why = f"{w} workers leave the consumer waiting {top.stall_fraction or 0:.0%} of the time"
+    why = (
+        f"{counted(w, 'worker')} {'leaves' if w == 1 else 'leave'} the consumer waiting "
+        f"{top.stall_fraction or 0:.0%} of the time"
+    )
     return with_workers(space.baseline, nxt), f"{why}: {more}"
 
 

@@ -114,6 +114,7 @@ def tune(
     if channel is not None and shard:
         source = tune_node.shard_source(source, channel.ranks)
     loader = loader_of(source)
+    yours = loader if user is source else loader_of(user)  # not the shard made for the trials
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     node_facts = machine or collect()
@@ -193,7 +194,9 @@ def tune(
         )
     result._source = user
     if user is not source:  # the code line of the user's loader, not of the shard's
-        result.code = code_line(loader_of(user), result.best.config)
+        result.code = code_line(yours, result.best.config)
+        if result.ranks is not None:  # and the answer says what the figures hold for
+            result.ranks["shard_made"] = True
     return result
 
 
