@@ -416,6 +416,7 @@ def test_a_target_that_is_not_there_is_said_before_any_rank_starts(
     [
         (signal.SIGINT, 130, "interrupted", True),  # Ctrl-C: the terminal's whole group
         (signal.SIGTERM, 143, "terminated", False),  # kill PID: the launcher alone
+        (signal.SIGINT, 130, "interrupted", False),  # kill -INT PID, a job scheduler
     ],
 )
 def test_ctrl_c_ends_every_rank_with_one_line(
