@@ -7,9 +7,9 @@ the environment ``torch.distributed``'s ``env://`` initialization reads (``RANK`
 The ranks share this terminal (a Ctrl-C reaches all of them); SIGTERM or SIGHUP sent to this
 process is passed on to them, a SIGINT sent to it alone too (after ``INTERRUPT_FORWARD_S``,
 where a Ctrl-C would have ended them), and on Linux they are sent SIGTERM when this process
-dies of a signal it cannot handle (SIGKILL: ``kill -9``, the OOM killer). When one rank ends with an error,
-the others are given ``GRACE_S`` to end on their own (they learn of it at their next
-collective), then terminated; none is left running when this returns.
+dies of a signal it cannot handle (SIGKILL: ``kill -9``, the OOM killer). When one rank ends
+with an error, the others are given ``GRACE_S`` to end on their own (they learn of it at their
+next collective), then terminated; none is left running when this returns.
 """
 
 from __future__ import annotations
