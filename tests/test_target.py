@@ -190,6 +190,21 @@ def test_missing_file(tmp_path: Path) -> None:
     assert str(load_error(f"{missing}:loader")) == f"no such file: {missing}"
 
 
+def test_a_file_that_joins_the_process_group_again_is_told_to_guard_it(tmp_path: Path) -> None:
+    # The usual DDP script calls init_process_group at import; under torchrun feedrate joined
+    # the group before importing it, and torch's own error does not say so.
+    write(
+        tmp_path,
+        "ddp_job.py",
+        """
+        raise ValueError("trying to initialize the default process group twice!")
+        """,
+    )
+    message = str(load_error(f"{tmp_path / 'ddp_job.py'}:loader"))
+    assert "feedrate joined the job's process group before importing it" in message
+    assert "if not torch.distributed.is_initialized()" in message
+
+
 def test_missing_module() -> None:
     error = load_error("no_such_pkg_zz.data:loader")
     assert str(error) == "no module named 'no_such_pkg_zz.data'"

@@ -20,6 +20,16 @@ _MAX_MESSAGE = 160  # characters of the user's exception message shown
 _FEEDRATE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _STDLIB_DIRS = {os.path.realpath(sysconfig.get_path(k)) + os.sep for k in ("stdlib", "platstdlib")}
 
+#: Advice for what a TARGET's own code raises because feedrate runs it (by words of the error).
+_ADVICE = {
+    "initialize the default process group twice": (
+        "feedrate joined the job's process group before importing it (under torchrun or "
+        "--nproc-per-node): guard the call, if not torch.distributed.is_initialized(): "
+        "torch.distributed.init_process_group(...), or move it under "
+        'if __name__ == "__main__":'
+    ),
+}
+
 
 def run_user(target: object, action: str, fn: Callable[[], _T]) -> _T:
     """Run the user's code; turn what it raises into a one-line TargetError (cause kept), which
@@ -38,7 +48,8 @@ def run_user(target: object, action: str, fn: Callable[[], _T]) -> _T:
         raise TargetError(f"{target}: {action} called sys.exit({code}){where}{advice}") from exc
     except Exception as exc:
         said = f"{summary(exc)}{where_in_user_code(exc)}"
-        raise TargetError(f"{target}: {action} raised {said}") from exc
+        advice = next((f": {a}" for words, a in _ADVICE.items() if words in str(exc)), "")
+        raise TargetError(f"{target}: {action} raised {said}{advice}") from exc
 
 
 def summary(exc: BaseException) -> str:
