@@ -373,19 +373,51 @@ def _torchrun() -> str | None:
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed here")
-def test_torchrun_ranks_are_followed_and_gathered(tmp_path: Path, short_tmp: str) -> None:
+@pytest.mark.parametrize(
+    "launch",
+    [("--", "torchrun", "--nproc_per_node=2"), ("--nproc-per-node", "2")],
+    ids=["torchrun", "nproc-per-node"],
+)
+def test_torchrun_ranks_are_followed_and_gathered(
+    tmp_path: Path, short_tmp: str, launch: tuple[str, ...]
+) -> None:
     out = tmp_path / "run.json"
     # TMPDIR: torchrun's torchelastic_* log folder goes with the test's own.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": short_tmp}
-    done = feedrate_run(
-        "--json", str(out), "--", "torchrun", "--nproc_per_node=2", "ddp.py", env=env
-    )
+    done = feedrate_run("--json", str(out), *launch, "ddp.py", env=env)
     assert done.returncode == 0, done.stderr
     assert "rank 0 done" in done.stdout and "rank 1 done" in done.stdout
     doc = json.loads(out.read_text())
     ranks = sorted((ld["rank"], ld["batches"], ld["samples"]) for ld in doc["loaders"])
     assert ranks == [(0, 32, 128), (1, 32, 128)], done.stderr
     assert {p["world_size"] for p in doc["processes"]} == {2}
+    assert " ".join(done.stderr.split()).count("also rank 1") == 1  # one report, every rank
+
+
+@pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed here")
+def test_run_under_torchrun_reports_rank_zero_once(tmp_path: Path, short_tmp: str) -> None:
+    # Each rank's feedrate run follows its own rank: rank 0 reports, and says how to see all.
+    out = tmp_path / "run.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": short_tmp}
+    torchrun = [str(_torchrun()), "--standalone", "--nproc_per_node=2"]
+    done = subprocess.run(
+        [*torchrun, "-m", "feedrate", "run", "--json", str(out), "ddp.py"],
+        capture_output=True,
+        text=True,
+        cwd=SCRIPTS,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("feedrate run ddp.py") == 1, done.stderr  # rank 0's report only
+    assert "this is rank 0's report only" in " ".join(done.stderr.split())
+    doc = json.loads(out.read_text())
+    assert [ld["rank"] for ld in doc["loaders"]] == [0]
+
+
+def test_nproc_per_node_refuses_a_command_that_is_a_launcher() -> None:
+    done = feedrate_run("--nproc-per-node", "2", "--", "true")
+    assert done.returncode == 2 and "true is a command of its own" in done.stderr
 
 
 def test_autotune_yields_the_same_batches_in_the_same_order(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ there is nothing to run (no script, a missing file or command, ``-m`` of a missi
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import click
 
 from feedrate.cli.options import file_option
 from feedrate.cli.output import check_outputs, err, write_json
+from feedrate.cli.ranks import other_rank
+from feedrate.errors import UserError
 
 _HELP = {
     "ignore_unknown_options": True,
@@ -36,6 +39,12 @@ _HELP = {
     help="Tune every training loader while the script runs (feedrate.autotune: the same "
     "batches in the same order; the cache is used and filled).",
 )
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1),
+    help="Run the script as N ranks on this machine, as torchrun --standalone "
+    "--nproc-per-node N would, and report every rank.",
+)
 @file_option("--json", "json_path", "Also write the report as JSON (schema feedrate.run/1).")
 @file_option("--html", "html_path", "Also write an HTML report with the stall timeline.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] SCRIPT [ARGS]...")
@@ -44,6 +53,7 @@ def run_command(
     ctx: click.Context,
     module: bool,
     autotune: bool,
+    nproc_per_node: int | None,
     json_path: Path | None,
     html_path: Path | None,
     command: tuple[str, ...],
@@ -60,11 +70,29 @@ def run_command(
         check_plotting()
     argv = launch.command_of(command, module)
     shown = ["-m", *command] if module else list(command)
+    if nproc_per_node is not None and nproc_per_node > 1:
+        if argv[0] != sys.executable:
+            raise UserError(
+                f"--nproc-per-node runs a Python script (or -m module) as N ranks; "
+                f"{command[0]} is a command of its own: leave the option out"
+            )
+        ranks = ["--standalone", f"--nproc-per-node={nproc_per_node}"]
+        argv = [sys.executable, "-m", "torch.distributed.run", *ranks, *argv[1:]]
+        shown = ["torchrun", *ranks, *shown]
     with tempfile.TemporaryDirectory(prefix="feedrate-run-") as folder:
         env = launch.prepare(folder, autotune=autotune)
         outcome = launch.run(argv, env)
         report = gather(os.path.join(folder, "reports"), shown, outcome, autotune=autotune)
+    if other_rank():  # torchrun -m feedrate run: rank 0 speaks, for its own rank
+        ctx.exit(outcome.exit_code)
     err.print(run_report(report))
+    if os.environ.get("RANK") == "0" and os.environ.get("WORLD_SIZE", "1") != "1":
+        err.print(
+            "feedrate: this is rank 0's report only (feedrate run under torchrun follows its "
+            "own rank): feedrate run --nproc-per-node N SCRIPT, or feedrate run -- torchrun "
+            "... SCRIPT, reports every rank",
+            highlight=False,
+        )
     if json_path is not None:
         write_json(json_path, report.to_dict())
     if html_path is not None:

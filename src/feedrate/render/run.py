@@ -39,6 +39,14 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _stalls(before: float | None, after: float | None) -> str:
+    """The stall with the user's settings and once tuned, in words (either may be unmeasured:
+    autotune started from other settings, or the run ended first)."""
+    yours = "not measured" if before is None else f"{before:.0%}"
+    tuned = "not measured" if after is None else f"{after:.0%}"
+    return f"stall with your settings {yours}, over the last half of the batches {tuned}"
+
+
 def merged(timeline: list[Window], width: int) -> list[Window]:
     """``timeline`` in at most ``width`` windows, neighbours summed."""
     if len(timeline) <= width:
@@ -115,8 +123,7 @@ def loader_block(ld: LoaderRun, *, detail: bool = True) -> RenderableType:
             Text(
                 f"  autotune: {tuned.before.label()} → {tuned.after.label()} "
                 f"({'settled' if tuned.settled else 'still tuning'}, started from "
-                f"{tuned.started_from}; stall {_pct(tuned.stall_before)} with your settings, "
-                f"{_pct(tuned.stall_after)} over the last half of the batches)",
+                f"{tuned.started_from}; {_stalls(tuned.stall_before, tuned.stall_after)})",
                 style="green",
             )
         )
