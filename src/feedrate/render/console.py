@@ -250,7 +250,7 @@ def recommendation(result: TuneResult) -> Table:
     origin = " (from the cache: --fresh measures again)" if result.from_cache else ""
     searched = f"{counted(len(result.trials), 'trial')} in {result.search_seconds:.0f} s"
     rows.append(("search", searched + origin))
-    return _kv_table(rows, title=f"feedrate tune {result.target or ''}".rstrip())
+    return _kv_table(rows, title=_title("tune", result.target, result.ranks))
 
 
 def findings_list(findings: list[Finding]) -> RenderableType:
@@ -324,6 +324,17 @@ def doctor_trials(report: Report) -> Table:
     return table
 
 
+def _title(command: str, target: str | None, ranks: dict[str, Any] | None) -> str:
+    """``feedrate COMMAND TARGET``, with the job's shape where it ran over ranks: the figures
+    are per rank, and the line should say how it was run."""
+    title = f"feedrate {command} {target or ''}".rstrip()
+    if ranks:
+        local, world = ranks.get("local_world_size"), ranks.get("world_size")
+        where = "on this node" if world == local else f"{local} per node"
+        title += f" (over {world} ranks {where})"
+    return title
+
+
 def doctor_summary(report: Report) -> Table:
     m, shape = report.machine, report.ranks or {}
     shm = size(m.get("shm_free_bytes"))
@@ -354,7 +365,7 @@ def doctor_summary(report: Report) -> Table:
         f"{c.name} {said.get(c.status, c.status)}".format(c.detail) for c in report.checks
     )
     rows.append(("checks", f"{steps}; {report.seconds:.0f} s in all"))
-    return _kv_table(rows, title=f"feedrate doctor {report.target or ''}".rstrip())
+    return _kv_table(rows, title=_title("doctor", report.target, report.ranks))
 
 
 def doctor_report(report: Report) -> RenderableType:
