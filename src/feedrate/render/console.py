@@ -102,7 +102,8 @@ def processes_table(m: Measurement) -> Table:
 
 def measurement_summary(m: Measurement) -> Table:
     s, w = m.spread, m.window
-    epochs = f", {w.epochs} epoch{'s' if w.epochs != 1 else ''} completed" if w.epochs else ""
+    warm = " (their warm-up batches not counted)" if w.warmup_batches else ""
+    epochs = f", {counted(w.epochs, 'epoch')} completed{warm}" if w.epochs else ""
     restarts = ""
     if m.epoch_restart_s:
         mean = sum(m.epoch_restart_s) / len(m.epoch_restart_s)
