@@ -11,10 +11,12 @@ from dataclasses import dataclass, replace
 import pytest
 
 from feedrate.loader.config import LoaderConfig
+from feedrate.machine.facts import collect
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.search import advice
 from feedrate.search.bottleneck import bottleneck
+from feedrate.search.budgets import space_for
 from feedrate.search.online_steps import receiving
 from feedrate.search.propose import choose, keep, propose, propose_online, unresolved
 from feedrate.search.scaling import (
@@ -259,6 +261,26 @@ def test_a_trial_over_the_memory_limit_is_not_recommended() -> None:
     assert choose(space(memory_budget=50 * 2**20), [none, two]) is two
     # None within it: the one that held least, not the fastest.
     assert choose(space(memory_budget=2**20), [four, two]) is two
+
+
+def test_a_cgroup_s_whole_limit_counts_the_main_process_too() -> None:
+    # 16 GiB pod, 12 GiB available: the limit binds, and the main process lies within it; on a
+    # machine whose available memory binds, the main process is already out of it.
+    base = replace(collect(), memory_available_bytes=12 * 2**30)
+    pod = space_for(replace(base, memory_limit_bytes=8 * 2**30), LoaderConfig(0), consumer=False)
+    host = space_for(replace(base, memory_limit_bytes=None), LoaderConfig(0), consumer=False)
+    told = space_for(base, LoaderConfig(0), consumer=False, memory_limit=2**30)
+    assert pod.memory_counts_main and not host.memory_counts_main
+    assert not told.memory_counts_main  # --memory-limit: the workers' memory, as it says
+    big_main = make_trial(LoaderConfig(2), "w", Figures(1000, 0.1, 0.9), None)
+    big_main.main_uss_bytes = 5 * 2**30  # a dataset held in the main process
+    assert choose(pod, [big_main]) is big_main  # the only one: the one that held least
+    none = make_trial(LoaderConfig(0), "yours", Figures(500, 0.9, 0), None)
+    none.main_uss_bytes = 5 * 2**30
+    assert choose(pod, [big_main, none]) is none  # 5 GiB + workers over the pod's 4 GiB
+    assert choose(replace(pod, memory_counts_main=False), [big_main, none]) is big_main
+    reason = predict_over_budget(pod, [big_main], LoaderConfig(4))
+    assert reason is not None and "workers' and the main process's memory" in reason
 
 
 def repeated(workers: int, rate: float, noise: float, repeats: int = 3, **kw: object) -> Trial:

@@ -38,9 +38,11 @@ def space_for(
     ``TASKS_SHARE`` of the tasks left to start (``pids.max``, ``ulimit -u``); without
     ``max_workers``, no more workers than ``epoch_batches`` (an epoch's batches, where known);
     never more than ``parts`` (``worker_cap``)."""
-    available = facts.memory_available_bytes
-    if facts.memory_limit_bytes is not None:
-        available = min(available or facts.memory_limit_bytes, facts.memory_limit_bytes)
+    available, limit = facts.memory_available_bytes, facts.memory_limit_bytes
+    # A cgroup's limit is its whole memory, the main process's included (``memory_counts_main``).
+    by_limit = memory_limit is None and limit is not None and (available or limit) >= limit
+    if limit is not None:
+        available = min(available or limit, limit)
     memory = memory_limit or (int(available * MEMORY_SHARE) if available else None)
     shm = int(facts.shm_free_bytes * SHM_SHARE) if facts.shm_free_bytes else None
     return Space(
@@ -48,6 +50,7 @@ def space_for(
         baseline=baseline,
         max_workers=worker_cap(max_workers, epoch_batches, parts),
         memory_budget=memory,
+        memory_counts_main=by_limit,
         shm_budget=shm,
         fd_budget=fd_budget(facts),
         tasks_budget=None if facts.tasks_free is None else int(facts.tasks_free * TASKS_SHARE),

@@ -16,6 +16,7 @@ from feedrate.search.space import (
     FDS_PER_WORKER,
     SHM_HEADROOM,
     Space,
+    memory_room,
     peaks,
     series,
     workers_within_tasks,
@@ -81,8 +82,9 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
         n = math.floor(w * CPU_CEILING * space.cpus / own)
         found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {counted(space.cpus, 'usable CPU')}"))
     seen = peaks(trials)
-    if space.memory_budget is not None and seen.per_worker:
-        n = space.memory_budget // seen.per_worker
+    room = memory_room(space, seen)
+    if room is not None and seen.per_worker:
+        n = room // seen.per_worker
         mib = seen.per_worker / 2**20
         found.append(Ceiling(n, f"the memory budget ({mib:.0f} MiB per worker)"))
     if space.shm_budget is not None and seen.batch:

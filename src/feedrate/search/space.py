@@ -85,6 +85,11 @@ class Space:
     baseline: LoaderConfig
     max_workers: int
     memory_budget: int | None = None
+    #: The memory budget is a share of a cgroup's whole limit (``memory.max``), which the main
+    #: process's own memory lies within: counted against it too. Elsewhere the budget is of
+    #: the memory available with the main process already running (or ``--memory-limit``, the
+    #: workers'), and only the workers count.
+    memory_counts_main: bool = False
     shm_budget: int | None = None
     fd_budget: int | None = None
     tasks_budget: int | None = None
@@ -203,9 +208,11 @@ def eligible(space: Space, trials: list[Trial]) -> list[Trial]:
 
 def over_memory(space: Space, t: Trial) -> bool:
     """``t`` measured, its workers' own memory (USS, as the budget's predictions count it) over
-    the memory budget. The main process is not counted: it is there with any setting, and
+    the memory budget; the main process's too where the budget counts it
+    (``memory_counts_main``). Elsewhere it is not counted: it is there with any setting, and
     already out of the memory available when the budget was read from it."""
-    return space.memory_budget is not None and (t.workers_uss_bytes or 0) > space.memory_budget
+    held = (t.workers_uss_bytes or 0) + ((t.main_uss_bytes or 0) if space.memory_counts_main else 0)
+    return space.memory_budget is not None and held > space.memory_budget
 
 
 def threaded(trials: list[Trial]) -> list[Trial]:
@@ -245,9 +252,10 @@ def fastest(trials: list[Trial]) -> Trial | None:
 @dataclass(frozen=True)
 class Peaks:
     """The largest sizes the measured trials saw (bytes; 0 where none was measured): one
-    worker's memory and one batch."""
+    worker's memory, the main process's, and one batch."""
 
     per_worker: int
+    main: int
     batch: int
 
 
@@ -255,8 +263,17 @@ def peaks(trials: list[Trial]) -> Peaks:
     measured = [t for t in trials if t.measured]
     return Peaks(
         max((t.worker_uss_max_bytes or 0 for t in measured), default=0),
+        max((t.main_uss_bytes or 0 for t in measured), default=0),
         max((t.batch_bytes or 0 for t in measured), default=0),
     )
+
+
+def memory_room(space: Space, seen: Peaks) -> int | None:
+    """The memory budget's room for workers: the budget, less the main process where the
+    budget counts it (``memory_counts_main``); None without a budget."""
+    if space.memory_budget is None:
+        return None
+    return space.memory_budget - (seen.main if space.memory_counts_main else 0)
 
 
 def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) -> str | None:
@@ -265,11 +282,13 @@ def predict_over_budget(space: Space, trials: list[Trial], cfg: LoaderConfig) ->
     seen = peaks(trials)
     per_worker, batch = seen.per_worker, seen.batch
     w, pf = cfg.num_workers, cfg.prefetch_factor or 0
-    memory = w * per_worker  # the workers' (``over_memory``)
-    if space.memory_budget is not None and per_worker and memory > space.memory_budget:
+    memory, room = w * per_worker, memory_room(space, seen)  # as ``over_memory`` counts it
+    if room is not None and per_worker and memory > room:
+        main = " and the main process's" if space.memory_counts_main else ""
+        held = memory + (seen.main if space.memory_counts_main else 0)
         return (
-            f"predicted workers' memory {size(memory)} over the budget of "
-            f"{size(space.memory_budget)} ({size(per_worker)} per worker)"
+            f"predicted workers'{main} memory {size(held)} over the budget of "
+            f"{size(space.memory_budget or 0)} ({size(per_worker)} per worker)"
         )
     shm = int(batch * w * pf * SHM_HEADROOM)
     if space.shm_budget is not None and batch and shm > space.shm_budget:
