@@ -30,7 +30,7 @@ from feedrate.measuring.consumer import Consumer
 from feedrate.measuring.device import device
 from feedrate.measuring.memory_run import sample_run
 from feedrate.measuring.workers import inspect_workers
-from feedrate.render.console import doctor_report
+from feedrate.render.doctor import doctor_report
 from feedrate.results.doctor import DOCTOR_SCHEMA, Report
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial

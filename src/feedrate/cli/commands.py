@@ -101,9 +101,7 @@ def env(json_path: Path | None) -> None:
     show_default=True,
     help="Give up when no batch arrives for this many seconds.",
 )
-@file_option(
-    "--json", "json_path", "Also write the measurement as JSON (schema feedrate.measure/1)."
-)
+@file_option("--json", "json_path", "Also write it as JSON (schema feedrate.measure/1).")
 @device_option
 @rank_options(shard=True)
 def measure(
@@ -291,7 +289,7 @@ def doctor(
     itself failed (the report, with what was found before, is still printed).
     """
     from feedrate.loader.target import load_step
-    from feedrate.render import console as render
+    from feedrate.render.doctor import doctor_report
     from feedrate.workflows.doctor import doctor as run_doctor
     from feedrate.workflows.doctor import wanted_checks
 
@@ -312,7 +310,7 @@ def doctor(
             target=target,
             progress=doctor_progress(status),
         )
-    human(json_path).print(render.doctor_report(report))
+    human(json_path).print(doctor_report(report))
     if json_path is not None:
         write_json(json_path, report.to_dict())
     if report.pipeline_error is not None:
@@ -353,6 +351,7 @@ def transfer(sizes: str, repeats: int, device: str, json_path: Path | None) -> N
 def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> None:
     """Render a saved result (from --json) again, without measuring."""
     from feedrate.render import console as render
+    from feedrate.render.doctor import doctor_report
     from feedrate.results.doctor import Report
     from feedrate.results.documents import read
     from feedrate.results.transfer import TransferResult
@@ -373,7 +372,7 @@ def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> No
     if plot_path or html_path:
         raise UserError(f"--plot and --html draw tune results only; {run_json} is no tune result")
     if isinstance(result, Report):
-        out.print(render.doctor_report(result))
+        out.print(doctor_report(result))
     elif isinstance(result, TransferResult):
         out.print(render.transfer_result(result))
     else:
