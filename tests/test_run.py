@@ -391,7 +391,7 @@ def test_torchrun_ranks_are_followed_and_gathered(
     ranks = sorted((ld["rank"], ld["batches"], ld["samples"]) for ld in doc["loaders"])
     assert ranks == [(0, 32, 128), (1, 32, 128)], done.stderr
     assert {p["world_size"] for p in doc["processes"]} == {2}
-    assert " ".join(done.stderr.split()).count("also rank 1") == 1  # one report, every rank
+    assert " ".join(done.stderr.split()).count("also rank ") == 1  # one report, every rank
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun is not installed here")
@@ -417,7 +417,7 @@ def test_run_under_torchrun_reports_rank_zero_once(tmp_path: Path, short_tmp: st
 
 def test_nproc_per_node_refuses_a_command_that_is_a_launcher() -> None:
     done = feedrate_run("--nproc-per-node", "2", "--", "true")
-    assert done.returncode == 2 and "true is a command of its own" in done.stderr
+    assert done.returncode == 2 and "give the script itself" in done.stderr
 
 
 def test_autotune_yields_the_same_batches_in_the_same_order(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from feedrate.cli import ranks
 from feedrate.cli.commands import cli
 from feedrate.cli.options import OPTION_OF
 from feedrate.cli.run import run_command
+from feedrate.distributed.launcher import other_rank
 from feedrate.errors import FeedrateError, TargetError, UserError
 from feedrate.measuring import interrupts
 
@@ -85,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # One unwrapped line: scripts grep it, people read it. A bad TARGET is the same on
         # every rank of one node: rank 0 says it (a rank's own trouble, such as joining the
         # job, and another node's files, are said by the rank).
-        if not (isinstance(exc, TargetError) and ranks.other_rank() and ranks.one_node()):
-            who = f"rank {os.environ.get('RANK')}: " if ranks.other_rank() else ""
+        if not (isinstance(exc, TargetError) and other_rank() and ranks.one_node()):
+            who = f"rank {os.environ.get('RANK')}: " if other_rank() else ""
             click.secho(f"feedrate: error: {who}{in_options(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from feedrate.cli import output
+from feedrate.distributed.launcher import other_rank
 from feedrate.errors import UserError
 from feedrate.units import counted
 
@@ -41,13 +42,6 @@ def quiet() -> bool:
 def one_node() -> bool:
     """Every rank of the job runs on this node (``LOCAL_WORLD_SIZE`` is ``WORLD_SIZE``)."""
     return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
-
-
-def other_rank() -> bool:
-    """This process is a rank of a launched job other than rank 0."""
-    from feedrate.distributed import group
-
-    return group.launched() and os.environ.get("RANK") != "0"
 
 
 def without_nproc(argv: Sequence[str]) -> list[str]:

@@ -16,7 +16,7 @@ import click
 
 from feedrate.cli.options import file_option
 from feedrate.cli.output import check_outputs, err, write_json
-from feedrate.cli.ranks import other_rank
+from feedrate.distributed.launcher import launched, other_rank
 from feedrate.errors import UserError
 
 _HELP = {
@@ -71,10 +71,16 @@ def run_command(
     argv = launch.command_of(command, module)
     shown = ["-m", *command] if module else list(command)
     if nproc_per_node is not None and nproc_per_node > 1:
+        if launched():
+            raise UserError(
+                "--nproc-per-node starts the ranks itself: under torchrun, leave it out "
+                "(or run feedrate run --nproc-per-node N SCRIPT without torchrun)"
+            )
         if argv[0] != sys.executable:
             raise UserError(
-                f"--nproc-per-node runs a Python script (or -m module) as N ranks; "
-                f"{command[0]} is a command of its own: leave the option out"
+                f"--nproc-per-node runs a Python script (or -m module) as N ranks: give the "
+                f"script itself (feedrate run --nproc-per-node N train.py), not a command "
+                f"({command[0]}); for a launcher of your own, feedrate run -- torchrun ..."
             )
         ranks = ["--standalone", f"--nproc-per-node={nproc_per_node}"]
         argv = [sys.executable, "-m", "torch.distributed.run", *ranks, *argv[1:]]
@@ -86,7 +92,7 @@ def run_command(
     if other_rank():  # torchrun -m feedrate run: rank 0 speaks, for its own rank
         ctx.exit(outcome.exit_code)
     err.print(run_report(report))
-    if os.environ.get("RANK") == "0" and os.environ.get("WORLD_SIZE", "1") != "1":
+    if launched():  # rank 0 of a job: its own rank's report
         err.print(
             "feedrate: this is rank 0's report only (feedrate run under torchrun follows its "
             "own rank): feedrate run --nproc-per-node N SCRIPT, or feedrate run -- torchrun "

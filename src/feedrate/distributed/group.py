@@ -15,10 +15,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from feedrate.distributed.launcher import launched as launched
 from feedrate.errors import UserError
-
-#: The variables torchrun (and ``torch.distributed.run``) sets in every rank it starts.
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -58,16 +56,6 @@ class Ranks:
 def active() -> bool:
     """``torch.distributed`` is initialized with more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def launched() -> bool:
-    """This process was started by a distributed launcher (torchrun) as one of several ranks."""
-    if not all(v in os.environ for v in LAUNCHER_VARS):
-        return False
-    try:
-        return int(os.environ["WORLD_SIZE"]) > 1
-    except ValueError:
-        return False
 
 
 def join(timeout_s: float) -> bool:

@@ -5,8 +5,8 @@ the environment ``torch.distributed``'s ``env://`` initialization reads (``RANK`
 ``MASTER_PORT``), and ``OMP_NUM_THREADS=1`` where unset, as torchrun sets it for several ranks.
 
 The ranks share this terminal (a Ctrl-C reaches all of them); SIGTERM or SIGHUP sent to this
-process is passed on to them, a SIGINT sent to it alone too (after ``INTERRUPT_FORWARD_S``,
-where a Ctrl-C would have ended them), and on Linux they are sent SIGTERM when this process
+process is passed on to them, a SIGINT too where it did not come from the terminal (after
+``INTERRUPT_FORWARD_S``), and on Linux they are sent SIGTERM when this process
 dies of a signal it cannot handle (SIGKILL: ``kill -9``, the OOM killer). When one rank ends
 with an error, the others are given ``GRACE_S`` to end on their own (they learn of it at their
 next collective), then terminated; none is left running when this returns.
@@ -31,9 +31,10 @@ GRACE_S = 15.0
 #: Seconds the ranks get to end on a Ctrl-C (it reached them too) before SIGTERM.
 INTERRUPT_GRACE_S = 10.0
 
-#: Seconds after a SIGINT before it is passed on to the ranks still running: a Ctrl-C on the
-#: terminal reached them too, and they end within about this; one sent to this process alone
-#: (``kill -INT``, a job scheduler) did not.
+#: Seconds after a SIGINT not from the terminal before it is passed on to the ranks still
+#: running: one sent to this process alone (``kill -INT``, a job scheduler) reached only it,
+#: one sent to its process group (``kill -INT -PGID``) reached them too, and they end within
+#: about this.
 INTERRUPT_FORWARD_S = 2.0
 
 #: Seconds between SIGTERM and SIGKILL for a rank that does not end.
@@ -84,16 +85,17 @@ def run_ranks(command: Sequence[str], ranks: int, *, grace_s: float = GRACE_S) -
                 break
             time.sleep(0.1)
     except KeyboardInterrupt:
-        # A Ctrl-C on the terminal reached them too; a signal sent to this process alone
-        # (kill, a closed terminal's SIGHUP) is passed on, so they end as soon. A SIGINT is
-        # passed on to those still running after ``INTERRUPT_FORWARD_S``: one that had it
-        # already takes a second during its clean-up as said, not as a new interrupt.
+        # A Ctrl-C on the terminal reached them too (a second and third are the user's own);
+        # a signal sent to this process alone (kill, a closed terminal's SIGHUP) is passed on,
+        # so they end as soon: a SIGINT after ``INTERRUPT_FORWARD_S``, to those still running
+        # (one that had it already takes a second during its clean-up as said).
         signum = interrupts.last_signal() or signal.SIGINT
-        if signum == signal.SIGINT:
-            _wait_all(procs, INTERRUPT_FORWARD_S)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+        if signum != signal.SIGINT or not _terminal_foreground():
+            if signum == signal.SIGINT:
+                _wait_all(procs, INTERRUPT_FORWARD_S)
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
         _wait_all(procs, INTERRUPT_GRACE_S)
         raise
     finally:
@@ -120,6 +122,18 @@ def _ended_with(launcher: int) -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return die_with_launcher
+
+
+def _terminal_foreground() -> bool:
+    """This process is in its terminal's foreground process group, the ranks with it: a SIGINT
+    is then a Ctrl-C, which reached them all."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
 
 
 def _wait_all(procs: Sequence[subprocess.Popen[bytes]], seconds: float) -> None:

@@ -28,6 +28,7 @@ from feedrate.loader.rebuild import (
     loader_of,
     supports,
 )
+from feedrate.loader.shards import distributed_sampler
 from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring import device as devices
@@ -114,7 +115,6 @@ def tune(
     if channel is not None and shard:
         source = tune_node.shard_source(source, channel.ranks)
     loader = loader_of(source)
-    yours = loader if user is source else loader_of(user)  # not the shard made for the trials
     dev = devices.parse_device(device)
     consumer = make_consumer(rate=rate, step_time=step_time, step=step, step_name=step_name)
     node_facts = machine or collect()
@@ -194,9 +194,10 @@ def tune(
         )
     result._source = user
     if user is not source:  # the code line of the user's loader, not of the shard's
+        yours = loader_of(user)
         result.code = code_line(yours, result.best.config)
-        if result.ranks is not None:  # and the answer says what the figures hold for
-            result.ranks["shard_made"] = True
+        if result.ranks is not None and distributed_sampler(yours) is None:
+            result.ranks["shard_made"] = True  # the answer says what its figures hold for
     return result
 
 
