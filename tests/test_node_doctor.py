@@ -4,6 +4,7 @@ built to need it and quiet on a healthy node; the facts a rank reads off its loa
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, SequentialSampler
 
 from feedrate.checks.catalog import CATALOG
@@ -22,6 +24,7 @@ from feedrate.distributed.facts import rank_facts, sharded
 from feedrate.distributed.group import Ranks
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.libraries import splits_by_rank
+from feedrate.render.doctor import doctor_report
 from feedrate.results.doctor import Report
 from feedrate.results.findings import Finding
 from feedrate.results.ranks import RankFacts
@@ -475,6 +478,27 @@ def _in_a_job(monkeypatch: pytest.MonkeyPatch, opened: object) -> None:
 
 def _report() -> Report:
     return Report(machine=dict(NODE), config=LoaderConfig(), findings=[], checks=[], seconds=0.0)
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "title", "machine"),
+    [
+        (4, 4, "(over 4 ranks on this node)", "8 usable CPUs (2 per rank: 4 ranks here"),
+        (8, 4, "(over 8 ranks, 4 per node)", "8 usable CPUs (2 per rank: 4 ranks here"),
+        (2, 1, "(over 2 ranks, 1 per node)", "8 usable CPUs, /dev/shm"),  # no share to say
+    ],
+)
+def test_the_report_says_the_job_and_the_rank_s_share(
+    world: int, local: int, title: str, machine: str
+) -> None:
+    report = _report()
+    report.target = "train.py:loader"
+    report.ranks = {"world_size": world, "local_world_size": local, "cpus_per_rank": 8 // local}
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(doctor_report(report))
+    text = console.export_text()
+    assert f"feedrate doctor train.py:loader {title}" in text
+    assert machine in text
 
 
 def test_a_rank_that_fails_is_named_and_the_others_judged(monkeypatch: pytest.MonkeyPatch) -> None:

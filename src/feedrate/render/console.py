@@ -100,7 +100,7 @@ def processes_table(m: Measurement) -> Table:
 
 def measurement_summary(m: Measurement) -> Table:
     s, w = m.spread, m.window
-    warm = " (their warm-up batches not counted)" if w.warmup_batches else ""
+    warm = ", their warm-up batches not counted" if w.warmup_batches else ""
     epochs = f", {counted(w.epochs, 'epoch')} completed{warm}" if w.epochs else ""
     restarts = ""
     if m.epoch_restart_s:
@@ -287,8 +287,8 @@ def title_of(command: str, target: str | None, ranks: dict[str, Any] | None) -> 
     title = f"feedrate {command} {target or ''}".rstrip()
     if ranks:
         local, world = ranks.get("local_world_size"), ranks.get("world_size")
-        where = "on this node" if world == local else f"{local} per node"
-        title += f" (over {world} ranks {where})"
+        where = " on this node" if world == local else f", {local} per node"
+        title += f" (over {world} ranks{where})"
     return title
 
 

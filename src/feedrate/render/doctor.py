@@ -62,11 +62,10 @@ def doctor_trials(report: Report) -> Table:
 def doctor_summary(report: Report) -> Table:
     m, shape = report.machine, report.ranks or {}
     shm = size(m.get("shm_free_bytes"))
-    share = shape.get("cpus_per_rank")
+    share, local = shape.get("cpus_per_rank"), int(shape.get("local_world_size") or 1)
     each = (
-        f" ({share} per rank: {shape.get('local_world_size')} ranks here, worker counts judged "
-        "per rank)"
-        if share is not None
+        f" ({share} per rank: {local} ranks here, worker counts judged per rank)"
+        if share is not None and local > 1
         else ""
     )
     rows = [

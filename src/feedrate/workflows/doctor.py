@@ -292,15 +292,16 @@ class _Doctor:
     # -- judging -----------------------------------------------------------------------------
 
     def _resources(self) -> list[Finding | None]:
-        m = self.facts.to_dict()
+        """/dev/shm, open files and tasks within the rank's share, as runs are refused."""
+        m, mine = self.facts.to_dict(), self.rank.to_dict()
         run, best, batch = self.seen.run, self.compared.best, self.seen.batch
         batch_bytes = self._bytes()
         tensors = (run.tensors_per_batch if run else None) or (batch.tensors if batch else None)
         configs = [(self.config, False)]
         if best is not None and best.config.num_workers > self.config.num_workers:
             configs.append((best.config, True))
-        shm = [shm_finding(c, m, batch_bytes, s) for c, s in configs]
-        limits = [limit_findings(c, m, tensors) for c, _ in configs]  # open files, tasks
+        shm = [shm_finding(c, mine, batch_bytes, s) for c, s in configs]
+        limits = [limit_findings(c, mine, tensors) for c, _ in configs]  # open files, tasks
         return [
             cpu_quota_finding(m),
             pin_memory_finding(Trial(self.config, "your settings"), m),
@@ -312,7 +313,7 @@ class _Doctor:
     def _dataset(self) -> list[Finding | None]:
         seen, mine, data, w = self.seen, self.workers, self.loader.dataset, self.config.num_workers
         return [
-            checks_dataset.thread_finding(seen.views, seen.run, mine, self.facts.cpus_usable),
+            checks_dataset.thread_finding(seen.views, seen.run, mine, self.rank.cpus_usable),
             checks_dataset.shared_rng_finding(seen.views, mine),
             None if seen.digests is None else checks_dataset.duplicates_finding(seen.digests, mine),
             checks_dataset.copy_on_read_finding(self.containers, seen.run),
