@@ -308,14 +308,24 @@ def test_a_spent_budget_stops_the_search_with_what_it_had_next() -> None:
     assert "next:" in r.partial_reason and len([t for t in r.trials if t.measured]) == 2
 
 
-def test_the_memory_budget_bounds_the_step_so_nothing_over_it_is_measured() -> None:
-    # 200 MiB the main process, 100 MiB a worker: 8 workers fit 1 GiB, 16 would not. The
-    # latency-bound search steps to the count the budget allows, and no further.
-    space = Space(cpus=2, baseline=LoaderConfig(0), max_workers=32, memory_budget=2**30)
+@pytest.mark.parametrize(("counts_main", "fits"), [(False, 10), (True, 8)])
+def test_the_memory_budget_bounds_the_step_so_nothing_over_it_is_measured(
+    counts_main: bool, fits: int
+) -> None:
+    # 100 MiB a worker: 10 workers fit 1 GiB. Where the budget is a share of a container's whole
+    # limit, the main process (200 MiB) counts too and 8 fit. The latency-bound search steps to
+    # the count the budget allows, and no further.
+    space = Space(
+        cpus=2,
+        baseline=LoaderConfig(0),
+        max_workers=32,
+        memory_budget=2**30,
+        memory_counts_main=counts_main,
+    )
     search = MadeUp(space, latency_bound, trial_s=1.0, budget_s=60.0)
     r = search.search()
-    assert all(t.config.num_workers <= 8 for t in r.trials if t.measured)
-    assert any(t.config.num_workers == 8 and "memory budget" in t.reason for t in r.trials)
+    assert all(t.config.num_workers <= fits for t in r.trials if t.measured)
+    assert any(t.config.num_workers == fits and "memory budget" in t.reason for t in r.trials)
 
 
 def test_search_with_threads_recommends_few_threaded_workers() -> None:
