@@ -512,7 +512,11 @@ def test_iterable_dataset_that_splits_its_stream_gets_workers() -> None:
     [
         (lambda: DataLoader(ShardedStream(96, sleep_s=0.01), batch_size=4), True, "2 workers"),
         (lambda: DataLoader(ShardedStream(96, cpu_s=0.01), batch_size=4), False, None),
-        (lambda: DataLoader(SleepDataset(256, sleep_s=0.003), batch_size=16), True, "first batch"),
+        (
+            lambda: DataLoader(SleepDataset(256, sleep_s=0.003), batch_size=16),
+            True,
+            "made in this process",
+        ),
         (lambda: DataLoader(BusyDataset(256, cpu_s=0.002), batch_size=16), False, None),
     ],
     ids=["stream-waiting", "stream-cpu-bound", "map-waiting", "map-cpu-bound"],
@@ -524,7 +528,7 @@ def test_a_loader_that_mostly_waits_starts_with_more_workers_than_cpus(
     # count it starts at: 2 workers waiting on reads would leave it slow for an epoch. Its
     # probe's workers, on a CPU about 0-5% of the time here, project many more. A map-style
     # loader's first trial at one worker per CPU would run seconds of the first epoch at a
-    # fraction of the speed: its first batch, made in this process (for the /dev/shm check),
+    # fraction of the speed: a batch made in this process (for the /dev/shm check),
     # was on a CPU a few percent of the time. CPU-bound ones (the test's run-queue time taken
     # out, should the machine be busy) start at one worker per usable CPU.
     if not waits and not Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():

@@ -12,6 +12,7 @@ import os
 import random
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,36 @@ def test_the_batch_says_how_much_of_its_time_was_on_a_cpu() -> None:
     if Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
         busy = main_process_batch(DataLoader(BusyDataset(64, cpu_s=0.002), batch_size=16))
         assert busy.cpu_share is not None and busy.cpu_share > 0.5
+
+
+class FirstCalls(torch.utils.data.Dataset[torch.Tensor]):
+    """Items that wait 5 ms each; the first spins 10 ms of CPU before, as first calls do."""
+
+    def __init__(self) -> None:
+        self.first = True
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.first:
+            self.first = False
+            end = time.thread_time() + 0.01
+            while time.thread_time() < end:
+                pass
+        time.sleep(0.005)
+        return torch.tensor([float(i)])
+
+
+def test_a_short_first_batch_s_first_calls_are_not_read_as_the_pipeline_s_cpu() -> None:
+    # 4 waits of 5 ms a batch; the first batch also spins 10 ms of first calls: a third of its
+    # time on a CPU, against a few percent for the batches after it. Asked to, the share is read
+    # from the second batch.
+    retimed = main_process_batch(DataLoader(FirstCalls(), batch_size=4), retime_below_s=0.25)
+    assert retimed.cpu_share is not None and retimed.cpu_share < 0.15, retimed.cpu_share
+    if Path(f"/proc/self/task/{threading.get_native_id()}/schedstat").exists():
+        first = main_process_batch(DataLoader(FirstCalls(), batch_size=4))
+        assert first.cpu_share is not None and first.cpu_share > 0.15, first.cpu_share
 
 
 def test_the_batch_leaves_the_random_state_and_a_one_shot_sampler_alone() -> None:

@@ -25,7 +25,7 @@ from feedrate.machine import cache
 from feedrate.machine.facts import MachineFacts
 from feedrate.measuring import device as devices
 from feedrate.measuring.measure import warmup_batches
-from feedrate.measuring.shm import MainBatch, main_process_batch
+from feedrate.measuring.shm import RETIME_BELOW_S, MainBatch, main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
 from feedrate.search.scaling import map_start, stream_start
@@ -222,11 +222,12 @@ def _start_config(
 
 
 def first_batch(loader: DataLoader[Any]) -> MainBatch | None:
-    """The loader's first batch made in this process (``main_process_batch``), or None for a
-    dataset that this would break (``libraries.unsafe_to_iterate_here``: the workers after it)."""
+    """The loader's first batch made in this process (``main_process_batch``; its CPU share
+    read from the second where the first was short), or None for a dataset that this would
+    break (``libraries.unsafe_to_iterate_here``: the workers after it)."""
     if libraries.unsafe_to_iterate_here(loader.dataset) is not None:
         return None
-    return main_process_batch(loader)
+    return main_process_batch(loader, retime_below_s=RETIME_BELOW_S)
 
 
 def waiting_share(made: MainBatch | None) -> float | None:

@@ -25,6 +25,13 @@ from feedrate.measuring.runqueue import Marks, busy
 #: (first calls, page faults); a loader that fast needs few workers whatever it waits on.
 MIN_TIMED_S = 0.02
 
+#: Where the first batch took less than this (s), autotune reads the share from a second one:
+#: the first carries the first calls (a sampler's first permutation, torch's first dispatch of
+#: each op in the collate), a few ms of CPU that read as 10-15% of a 20 ms batch that sleeps
+#: and sent a waiting loader's start to one worker per CPU one run in three. Past it, those
+#: few ms are under 2% of the batch, and a second batch would cost that much more.
+RETIME_BELOW_S = 0.25
+
 
 @dataclass(frozen=True)
 class MainBatch:
@@ -40,11 +47,17 @@ class MainBatch:
 
 
 def main_process_batch(
-    loader: DataLoader[Any], *, timeout_s: float = 30.0, keep_batch: bool = False
+    loader: DataLoader[Any],
+    *,
+    timeout_s: float = 30.0,
+    keep_batch: bool = False,
+    retime_below_s: float = 0.0,
 ) -> MainBatch:
     """Make ``loader``'s first batch in this process (``num_workers=0``, its other settings).
-    Raises ``PipelineError`` when the dataset or collate_fn fails, ``PipelineTimeoutError``
-    when no batch comes within ``timeout_s``. An empty loader gives ``MainBatch(None, None)``."""
+    Where that took less than ``retime_below_s``, ``cpu_share`` is read from the second batch
+    (when there is one), with the first calls behind it. Raises ``PipelineError`` when the
+    dataset or collate_fn fails, ``PipelineTimeoutError`` when no batch comes within
+    ``timeout_s``. An empty loader gives ``MainBatch(None, None)``."""
     if _one_shot(loader):
         return MainBatch(None, None)
     config = LoaderConfig(0, False, None, False, config_of(loader).in_order)
@@ -61,6 +74,10 @@ def main_process_batch(
             asked = mark()
             batch = next(it, None)
             got = mark()
+            if batch is not None and got[0] - asked[0] < retime_below_s:
+                again = mark()
+                if next(it, None) is not None:
+                    asked, got = again, mark()
         except Exception as exc:
             error = explain(exc, it)
             if error is None:

@@ -185,11 +185,11 @@ def stream_start(
 
 
 def map_start(cpus: int, cpu_share: float | None, max_workers: int) -> Ceiling | None:
-    """``stream_start`` for a map-style loader, from the share of its time its first batch,
-    made in the main process, was on a CPU. Its first trial is a stretch of batches, not an
-    epoch (a start too high is left after it), so no per-CPU bound holds it: on 2 CPUs, 4 per
-    CPU kept ``remote`` (its batch on a CPU 4% of the time) at 8 workers, a third of its rate,
-    for the first 40 batches of ``benchmarks/autotune.py``'s epoch, 0.5 s behind the static
-    loader by then."""
-    seen = "the first batch, made in this process, was"
+    """``stream_start`` for a map-style loader, from the share of its time a batch made in the
+    main process was on a CPU (the first, or the second where the first was short). Its first
+    trial is a stretch of batches, not an epoch (a start too high is left after it), so no
+    per-CPU bound holds it: on 2 CPUs, 4 per CPU kept ``remote`` (its batch on a CPU 4% of the
+    time) at 8 workers, a third of its rate, for the first 40 batches of
+    ``benchmarks/autotune.py``'s epoch, 0.5 s behind the static loader by then."""
+    seen = "a batch made in this process was"
     return stream_start(cpus, cpu_share, max_workers, seen=seen, per_cpu=None)
