@@ -19,7 +19,7 @@ from feedrate.loader.rebuild import config_of, is_iterable_style, rebuild
 from feedrate.measuring import random_state
 from feedrate.measuring.diagnosis import explain
 from feedrate.measuring.failures import IndexReportingDataset, Watchdog
-from feedrate.measuring.runqueue import Marks, busy
+from feedrate.measuring.runqueue import Mark, Marks, busy
 
 #: A first batch made faster than this (s) says too little of where its time goes to be read
 #: (first calls, page faults); a loader that fast needs few workers whatever it waits on.
@@ -55,9 +55,9 @@ def main_process_batch(
 ) -> MainBatch:
     """Make ``loader``'s first batch in this process (``num_workers=0``, its other settings).
     Where that took less than ``retime_below_s``, ``cpu_share`` is read from the second batch
-    (when there is one), with the first calls behind it. Raises ``PipelineError`` when the
-    dataset or collate_fn fails, ``PipelineTimeoutError`` when no batch comes within
-    ``timeout_s``. An empty loader gives ``MainBatch(None, None)``."""
+    (when there is one, made in ``MIN_TIMED_S`` or more), with the first calls behind it.
+    Raises ``PipelineError`` when the dataset or collate_fn fails, ``PipelineTimeoutError``
+    when no batch comes within ``timeout_s``. An empty loader gives ``MainBatch(None, None)``."""
     if _one_shot(loader):
         return MainBatch(None, None)
     config = LoaderConfig(0, False, None, False, config_of(loader).in_order)
@@ -77,7 +77,9 @@ def main_process_batch(
             if batch is not None and got[0] - asked[0] < retime_below_s:
                 again = mark()
                 if next(it, None) is not None:
-                    asked, got = again, mark()
+                    done = mark()
+                    if _on_cpus(again, done) >= MIN_TIMED_S:  # else the first says more
+                        asked, got = again, done
         except Exception as exc:
             error = explain(exc, it)
             if error is None:
@@ -85,10 +87,15 @@ def main_process_batch(
             raise error from exc
     if batch is None:
         return MainBatch(None, None)
-    wall = got[0] - asked[0] - (got[1] - asked[1])  # on the CPUs it got: not queued
+    wall = _on_cpus(asked, got)
     share = min(1.0, busy(asked, got) / wall) if wall >= MIN_TIMED_S else None
     kept = batch if keep_batch else None
     return MainBatch(batch_nbytes(batch), count_tensors(batch), kept, share)
+
+
+def _on_cpus(asked: Mark, got: Mark) -> float:
+    """The seconds from ``asked`` to ``got`` on the CPUs the thread got: not queued."""
+    return got[0] - asked[0] - (got[1] - asked[1])
 
 
 def _one_shot(loader: DataLoader[Any]) -> bool:
