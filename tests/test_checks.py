@@ -4,6 +4,7 @@ checks_machine, checks_dataset)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from feedrate.checks.machine import (
     shm_finding,
     task_limit_finding,
 )
+from feedrate.checks.threads import thread_findings
 from feedrate.checks.tune import check_failed_finding
 from feedrate.checks.workers import (
     busy_machine_finding,
@@ -34,6 +36,7 @@ from feedrate.results.evidence import Container, SampleRun, StreamDigests, Worke
 from feedrate.results.findings import Finding, for_loader
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
+from feedrate.search.space import Space
 
 MiB = 2**20
 
@@ -446,3 +449,24 @@ def test_advice_is_said_for_the_loader_it_is_for() -> None:
         "`TrainingArguments(..., dataloader_pin_memory=True, dataloader_prefetch_factor=2)` "
         "and batch.to(device)"
     )
+
+
+def test_threads_would_help_says_faster_only_where_threads_were_faster() -> None:
+    """Threads beyond the noise of the recommendation are 'faster'; a tie on half the worker
+    memory is 'as fast', its ratio under 1 no claim of a gain (QA read '0.99×' under the word
+    'better'); a tie on as much memory is no finding."""
+    space = Space(2, LoaderConfig(0), 128)
+    best = trial(8, 1000.0)  # 400 MiB of workers
+
+    def threaded(rate: float, workers: int) -> Trial:
+        t = trial(workers, rate)
+        return replace(t, config=replace(t.config, threads=8))
+
+    faster = thread_findings(space, None, [best, threaded(1500.0, 8)], best)
+    assert [f.id for f in faster] == ["threads-would-help"]
+    assert "measured faster than the recommendation" in faster[0].message
+    tie = thread_findings(space, None, [best, threaded(990.0, 2)], best)
+    assert [f.id for f in tie] == ["threads-would-help"]
+    assert "as fast as (within the noise)" in tie[0].message and "0.99×" in tie[0].message
+    assert "faster" not in tie[0].message
+    assert thread_findings(space, None, [best, threaded(990.0, 8)], best) == []

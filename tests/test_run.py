@@ -518,3 +518,37 @@ def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "the user sitecustomize"
     assert json.loads(out.read_text())["loaders"][0]["batches"] == 2
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_stream_that_repeats_in_every_worker_is_named_and_gets_no_worker_count(
+    tmp_path: Path, split: bool
+) -> None:
+    """The stream is probed as the script ends (2 workers): one that yields the whole stream in
+    each worker is an error, its figures said to count the copies, and the advice is to split
+    it, never another num_workers (QA's unsplit stream was advised 51 workers); a split one
+    has no such finding, and no probe is left running."""
+    out = tmp_path / "run.json"
+    before = {p.pid for p in psutil.process_iter()}
+    done = feedrate_run("--json", str(out), "streams.py", *(["--split"] if split else []))
+    assert done.returncode == 0, done.stderr
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "streams.py" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == []
+    assert ("samples an epoch 256" if split else "samples an epoch 512") in done.stdout
+    (loader,) = json.loads(out.read_text())["loaders"]
+    ids = [f["id"] for f in loader["findings"]]
+    if split:
+        assert loader["stream_kept"] is None and not loader["stream_copies"]
+        assert "iterable-duplicates" not in ids
+        return
+    assert loader["stream_copies"] and "same samples" in loader["stream_kept"]
+    (dup,) = [f for f in loader["findings"] if f["id"] == "iterable-duplicates"]
+    assert dup["severity"] == "error" and "count the copies" in dup["message"]
+    assert "get_worker_info()" in dup["fix"]
+    assert not any("num_workers=" in s and "try" in s for s in loader["next_step"])
+    assert "split the stream by worker" in loader["next_step"][0]
+    assert "iterable-duplicates" in done.stderr

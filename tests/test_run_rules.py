@@ -362,6 +362,11 @@ def test_an_autotuned_loader_is_judged_by_its_settled_stall() -> None:
     # Not named (built where tune cannot import it) and autotuned already: no step to wrap it
     # in feedrate.autotune again.
     assert not any("feedrate.autotune(" in step for step in steps), steps
+    kept = run_of()  # settled where it began: kept, not "moved w=0 → w=0" (QA)
+    kept.autotune = AutotuneChange(
+        before=LoaderConfig(), after=LoaderConfig(), settled=True, stall_after=0.02
+    )
+    assert rules.next_step(kept, ["train.py"], 2)[0].startswith("autotune kept w=0 (stall")
     starved = run_of()
     starved.autotune = AutotuneChange(
         before=LoaderConfig(), after=LoaderConfig(num_workers=2), settled=True, stall_after=0.6
@@ -472,3 +477,22 @@ def test_a_run_ended_by_a_real_time_signal_gets_a_verdict() -> None:
     said = _nothing_back([], Outcome(exit_code=128 + rt, signal=rt, wall_s=1.0))
     assert f"ended by signal {rt}" in said
     assert "ended by SIGKILL" in _nothing_back([], Outcome(137, signal.SIGKILL, 1.0))
+
+
+def test_a_stream_that_keeps_its_worker_count_gets_no_other() -> None:
+    """Probed as the script ended: copies at 2 workers are an error and the step is to split
+    the stream; a stream not seen split keeps its count; either way no worker count is
+    advised, where one would be without the probe's answer."""
+    two = LoaderConfig(num_workers=2)
+    plain = run_of(config=two, main_cpu_in_next=0.02)
+    assert any("num_workers=" in s and "try" in s for s in rules.next_step(plain, ["t.py"], 64))
+    copies = run_of(config=two, main_cpu_in_next=0.02, stream_kept="the same", stream_copies=True)
+    (dup,) = [f for f in rules.findings(copies, {}, 2) if f.id == "iterable-duplicates"]
+    assert dup.severity == "error" and "num_workers=2" in dup.message
+    steps = rules.next_step(copies, ["t.py"], 64)
+    assert "split the stream by worker" in steps[0]
+    assert not any("try" in s and "num_workers=" in s for s in steps)
+    kept = run_of(config=two, main_cpu_in_next=0.02, stream_kept="too few to tell")
+    assert "iterable-duplicates" not in [f.id for f in rules.findings(kept, {}, 2)]
+    steps = rules.next_step(kept, ["t.py"], 64)
+    assert steps[0] == "keep num_workers=2 until the stream splits by worker: too few to tell"

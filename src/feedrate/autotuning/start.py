@@ -248,7 +248,7 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
 
 
 def unsplit_stream(
-    loader: DataLoader[Any], who: str = "autotune"
+    loader: DataLoader[Any], who: str = "autotune", timeout_s: float = 30.0
 ) -> tuple[str | None, float | None, bool]:
     """Why an IterableDataset loader must keep its own worker count, or None (its library is
     known to split the stream by worker, or 2 workers were seen to yield different samples,
@@ -269,7 +269,7 @@ def unsplit_stream(
             False,
         )
     try:
-        digests = stream_digests(loader, limit=32, seconds=2.0)
+        digests = stream_digests(loader, limit=32, seconds=2.0, timeout_s=timeout_s)
     except Exception as exc:  # the check itself failed: stay safe
         return f"the check of its stream failed ({exc})", None, False
     seen = streams.stream_verdict(digests)

@@ -85,9 +85,33 @@ def duplicates_finding(digests: StreamDigests, workers: int) -> Finding | None:
         f"worker {wa} and worker {wb} yielded the same samples: {seen.shared} of the "
         f"{seen.fewest} {seen.unit} of the first {na} and {nb} match ({how}); the "
         f"IterableDataset does not split its stream by get_worker_info(), so {effect}",
-        "in __iter__: info = torch.utils.data.get_worker_info(); yield only the items i with "
-        "i % info.num_workers == info.id (or give each worker its own files or shards: "
-        "webdataset's workersplitter=wds.split_by_worker)",
+        SPLIT_FIX,
+    )
+
+
+#: The fix of ``iterable-duplicates``, wherever it is found.
+SPLIT_FIX = (
+    "in __iter__: info = torch.utils.data.get_worker_info(); yield only the items i with "
+    "i % info.num_workers == info.id (or give each worker its own files or shards: "
+    "webdataset's workersplitter=wds.split_by_worker)"
+)
+
+
+def copies_in_run_finding(why: str, workers: int) -> Finding:
+    """``feedrate run``'s ``iterable-duplicates``: the probe at the script's end (``why``, from
+    ``autotuning.start.unsplit_stream``) saw 2 workers yield the same samples; with
+    ``workers`` of 2 or more, the run's own figures counted the copies."""
+    effect = (
+        f"with num_workers={workers} every sample arrived up to {workers} times per epoch, and "
+        "the figures above count the copies"
+        if workers >= 2
+        else "with 2 or more workers every sample would arrive once per worker"
+    )
+    return Finding(
+        "iterable-duplicates",
+        "error" if workers >= 2 else "warning",
+        f"probed as the run ended: {why}; {effect}",
+        SPLIT_FIX,
     )
 
 
@@ -272,7 +296,8 @@ DOCS = (
             "runs the same `__iter__`, so each sample arrives once per worker per epoch."
         ),
         evidence=(
-            "From `doctor` and `tune`: the `IterableDataset` run in 2 workers (at most 64 items "
+            "From `doctor`, `tune` and `run` (as the script ends, for the 2 streams it used "
+            "most): the `IterableDataset` run in 2 workers (at most 64 items "
             "each), their random generators seeded alike before every item, each item hashed "
             "by identity (its ids, labels, keys and other non-float parts, which random "
             "augmentation leaves alone) and by content. Distinct ids are compared as sets, "

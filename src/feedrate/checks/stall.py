@@ -11,6 +11,7 @@ import math
 import shlex
 from typing import Any
 
+from feedrate.checks.dataset import copies_in_run_finding
 from feedrate.checks.machine import pin_memory_finding
 from feedrate.checks.workers import data_stall_finding, startup_finding
 from feedrate.loader.words import BY_TRAINER, in_words_of
@@ -203,7 +204,11 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> l
     tuned = ld.autotune
     if ld.tuned and tuned is not None and tuned.after is not None:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.after.kwargs().items())
-        moved = f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
+        moved = (
+            f"autotune kept {tuned.after.label()} (stall "  # not "moved w=0 → w=0"
+            if tuned.after == tuned.before
+            else f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
+        )
         if tuned.settled:
             steps.append(
                 f"{moved}{_pct(tuned.stall_before)} with your settings → "
@@ -226,7 +231,15 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> l
     # Main-process-bound with workers: more workers would only add to what the main process
     # receives.
     receiving = ld.config.num_workers > 0 and ld.bottleneck == "main-process"
-    needed = None if receiving else workers_needed(ld, cpus, ranks)
+    needed = None if receiving or ld.stream_kept else workers_needed(ld, cpus, ranks)
+    w = ld.config.num_workers
+    if ld.stream_copies and w >= 2:  # each worker yields every sample: fewer is the fix
+        steps.append(
+            f"split the stream by worker (iterable-duplicates' fix): until then each of the {w} "
+            "workers yields every sample, and num_workers=1 (or 0) yields each once"
+        )
+    elif ld.stream_kept and tuned is None:  # another count changes what the stream yields
+        steps.append(f"keep num_workers={w} until the stream splits by worker: {ld.stream_kept}")
     if needed is not None and needed != ld.config.num_workers and tuned is None:
         each = f" in each of the {ranks} ranks on this node" if ranks > 1 else ""
         steps.append(
@@ -284,6 +297,8 @@ def findings(ld: LoaderRun, machine: dict[str, Any], cpus: int) -> list[Finding]
         if extra is not None:
             found.append(extra)
     found.append(bottleneck_finding(ld, kind, cpus))
+    if ld.stream_copies and ld.stream_kept:
+        found.insert(0, copies_in_run_finding(ld.stream_kept, ld.config.num_workers))
     return found
 
 

@@ -54,13 +54,15 @@ def thread_findings(
             )
         )
     elif not space.allow_threads and (beats(top, best) or _as_fast_for_less(top, best)):
+        # Faster beyond the noise, or only as fast (a ratio under 1 can be a tie) on less memory.
+        gain = "faster than" if beats(top, best) else "as fast as (within the noise)"
         found.append(
             Finding(
                 "threads-would-help",
                 "warning",
-                f"Fetching on threads measured {top.median:,.0f} samples/s with "
-                f"{top.config.label()}, {top.median / best.median:.2f}× the recommendation "
-                f"({best.median:,.0f} samples/s), with worker memory {_memory(top)} against "
+                f"Fetching on threads measured {gain} the recommendation: {top.median:,.0f} "
+                f"samples/s with {top.config.label()}, {top.median / best.median:.2f}× its "
+                f"{best.median:,.0f}, with worker memory {_memory(top)} against "
                 f"{_memory(best)}{safety}. Threads were not recommended because they need a "
                 "thread-safe __getitem__.",
                 f"feedrate tune TARGET --threads   # or in code: DataLoader(feedrate.threaded("
@@ -114,7 +116,7 @@ DOCS = (
     ),
     FindingDoc(
         id="threads-would-help",
-        title="Threads measured better, but were not allowed",
+        title="Threads measured faster, or as fast on less memory, but were not allowed",
         means=(
             "A configuration with threads inside workers measured faster than the recommendation, "
             "or as fast on at most half its worker memory, but threads need a thread-safe "

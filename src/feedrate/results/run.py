@@ -124,7 +124,9 @@ class LoaderRun:
     the batch itself (without workers: computing held up by other processes, not sleeping).
     ``grad_off_batches`` were taken with autograd off (``torch.no_grad``, inference mode).
     ``system_busy_cpus``: the whole machine's busy CPUs while its workers were read (others'
-    processes too).
+    processes too). ``stream_kept``: of an IterableDataset, why its worker count must stay
+    (its stream is not seen split by worker: probed at exit), with ``stream_copies`` where 2
+    workers were seen to yield the same samples.
     ``role``, ``bottleneck``, ``findings`` and ``next_step`` are decided from the rest."""
 
     created_at: str
@@ -154,6 +156,8 @@ class LoaderRun:
     system_busy_cpus: float | None = None
     timeline: list[Window] = field(default_factory=list)
     autotune: AutotuneChange | None = None
+    stream_kept: str | None = None
+    stream_copies: bool = False
     role: Role = "train"
     bottleneck: str | None = None
     findings: list[Finding] = field(default_factory=list)

@@ -178,7 +178,10 @@ def report() -> dict[str, Any] | None:
         finish(watch)  # --autotune's, or the script's own feedrate.autotune
     rank = _int_env("RANK")
     rank = _int_env("LOCAL_RANK") if rank is None else rank
-    loaders = [w.result(os.getpid(), rank) for w in registry.watches if w.batches]
+    from feedrate.running.streams import probed
+
+    watched = [w for w in registry.watches if w.batches]
+    loaders = probed([(w.loader(), w.result(os.getpid(), rank)) for w in watched])
     notes = list(_state.get("notes", []))
     if not loaders:
         api = sys.modules.get("feedrate.autotuning.api")
