@@ -147,6 +147,9 @@ def test_a_duplicated_stream_gets_no_advice_to_add_workers() -> None:
     assert "iterable-duplicates" in ids(report)
     assert "too-few-workers" not in ids(report)  # its faster rate counts repeats
     assert "bottleneck" not in ids(report)
+    # Nor is more workers measured: its rate would count copies (QA read w=4's 2x as a gain).
+    assert [t.config.num_workers for t in report.trials] == [2]
+    assert not report.bottleneck
 
 
 @pytest.mark.parametrize("dataset", [ShardedStream(), ConstantStream()])

@@ -285,7 +285,8 @@ class _Doctor:
     def _performance(self) -> None:
         """Your settings; then, when a bottleneck or worker-count finding is wanted, the few
         alternatives that tell (and, with a consumer, the loader and the consumer alone)."""
-        wide = bool(self.wanted & {"bottleneck", "too-few-workers", "too-many-workers"})
+        wanted = self.wanted & {"bottleneck", "too-few-workers", "too-many-workers"}
+        wide = bool(wanted) and self.seen.copies(self.workers) is None  # else rates of copies
         batch = self.seen.run.first_batch if self.seen.run is not None else None
         self.compared.run(alternatives=wide, batch=batch)
 
@@ -315,7 +316,7 @@ class _Doctor:
         return [
             checks_dataset.thread_finding(seen.views, seen.run, mine, self.rank.cpus_usable),
             checks_dataset.shared_rng_finding(seen.views, mine),
-            None if seen.digests is None else checks_dataset.duplicates_finding(seen.digests, mine),
+            seen.copies(mine),
             checks_dataset.copy_on_read_finding(self.containers, seen.run),
             checks_dataset.epoch_per_worker_finding(epoch_per_worker(data), w),
             workers_past_shards_finding(worker_limit(data), w),
@@ -333,8 +334,7 @@ class _Doctor:
             self.seen.pickled_bytes,
         )
         workers = self.compared.worker_count_finding()
-        digests = self.seen.digests  # more workers of a stream each repeat it: no such advice
-        dup = digests is not None and checks_dataset.duplicates_finding(digests, self.workers)
+        dup = self.seen.copies(self.workers)  # more workers of a stream repeat it: no such advice
         workers = None if dup and workers and workers.id == "too-few-workers" else workers
         bottleneck = None if dup else self.compared.bottleneck_finding()  # rates of repeats
         stall = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from feedrate.checks.dataset import duplicates_finding
 from feedrate.errors import UserError
 from feedrate.loader import libraries
 from feedrate.loader.rebuild import loader_of
@@ -17,6 +18,7 @@ from feedrate.machine.facts import MachineFacts, collect
 from feedrate.measuring.measure import LoaderSource
 from feedrate.measuring.shm import MainBatch
 from feedrate.results.evidence import SampleRun, StreamDigests, WorkerView
+from feedrate.results.findings import Finding
 
 #: Every finding id the doctor reports, each with the steps that gather its evidence ("static"
 #: needs none beyond the machine facts and the loader's settings).
@@ -120,6 +122,11 @@ class Evidence:
     run: SampleRun | None = None
     pickled_bytes: int | None = None
     batch: MainBatch | None = None
+
+    def copies(self, workers: int) -> Finding | None:
+        """``iterable-duplicates`` where 2 workers were seen to yield the same samples: then
+        more workers would each yield them again, and their rates would count the copies."""
+        return None if self.digests is None else duplicates_finding(self.digests, workers)
 
 
 class Loaders:
