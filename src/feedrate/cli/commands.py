@@ -21,6 +21,7 @@ from feedrate.cli.output import (
     human,
     load,
     out,
+    show_saved,
     show_tune,
     write_json,
 )
@@ -119,8 +120,8 @@ def measure(
     shard: bool,
 ) -> None:
     """Measure one configuration of TARGET's DataLoader: start-up, steady-state samples/s with
-    its spread, CPU and memory of every process. Under torchrun (or with --nproc-per-node),
-    every rank measures it at once on its shard, and the figures are the slowest rank's."""
+    its spread, CPU and memory of every process. Under torchrun or --nproc-per-node, all ranks
+    measure it at once (each on its shard given a DistributedSampler or --shard): the slowest's."""
     from feedrate.loader.config import LoaderConfig
     from feedrate.loader.rebuild import config_of, loader_of
     from feedrate.render import console as render
@@ -346,37 +347,17 @@ def transfer(sizes: str, repeats: int, device: str, json_path: Path | None) -> N
 @click.argument(
     "run_json", metavar="RUN.json", type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@file_option("--plot", "plot_path", "Write a PNG plot (tune results).")
-@file_option("--html", "html_path", "Write a self-contained HTML report (tune results).")
+@file_option("--plot", "plot_path", "Write a PNG plot (tune results; a run's stall timeline).")
+@file_option("--html", "html_path", "Write a self-contained HTML report (tune results and runs).")
 def report(run_json: Path, plot_path: Path | None, html_path: Path | None) -> None:
-    """Render a saved result (from --json) again, without measuring."""
-    from feedrate.render import console as render
-    from feedrate.render.doctor import doctor_report
-    from feedrate.results.doctor import Report
-    from feedrate.results.documents import read
-    from feedrate.results.transfer import TransferResult
-    from feedrate.results.tune import TuneResult
-
+    """Render a saved result again, without measuring: the --json of run, tune, doctor,
+    measure or transfer."""
     check_outputs(None, plot=plot_path, html=html_path)
     try:
         document = json.loads(run_json.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {run_json}: {exc}") from exc
-    try:
-        result = read(document)
-    except ValueError as exc:
-        raise UserError(f"{run_json}: {exc}") from exc
-    if isinstance(result, TuneResult):
-        show_tune(result, None, plot_path, html_path)
-        return
-    if plot_path or html_path:
-        raise UserError(f"--plot and --html draw tune results only; {run_json} is no tune result")
-    if isinstance(result, Report):
-        out.print(doctor_report(result))
-    elif isinstance(result, TransferResult):
-        out.print(render.transfer_result(result))
-    else:
-        out.print(render.measurement(result))
+    show_saved(run_json, document, plot_path, html_path)
 
 
 @cli.command()

@@ -1,5 +1,5 @@
-"""What the commands print and write: JSON files, tune's result and live progress, and the
-TARGET loaded as ``python -m`` would find it."""
+"""What the commands print and write: JSON files, tune's result and live progress, a saved
+result shown again, and the TARGET loaded as ``python -m`` would find it."""
 
 from __future__ import annotations
 
@@ -143,6 +143,57 @@ def show_tune(
         from feedrate.render.html import write_html
 
         write_html(result, html_path)
+        err.print(f"wrote {html_path}")
+
+
+def show_saved(path: Path, document: Any, plot_path: Path | None, html_path: Path | None) -> None:
+    """A result saved by ``--json`` (``document``, read from ``path``), shown again as the
+    command that made it showed it, on stdout (``feedrate run`` prints on stderr only because
+    stdout is the script's). ``--plot`` and ``--html`` draw what has a picture: tune's trials
+    and a run's stall timeline; for any other result they are refused before anything prints."""
+    from feedrate.render import console as render
+    from feedrate.render.doctor import doctor_report
+    from feedrate.results.doctor import Report
+    from feedrate.results.documents import read
+    from feedrate.results.run import RunReport
+    from feedrate.results.transfer import TransferResult
+    from feedrate.results.tune import TuneResult
+
+    try:
+        result = read(document)
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}") from exc
+    if isinstance(result, TuneResult):
+        show_tune(result, None, plot_path, html_path)
+    elif isinstance(result, RunReport):
+        show_run(result, plot_path, html_path)
+    elif plot_path or html_path:
+        raise UserError(
+            f"--plot and --html draw tune results and runs only; {path} holds a "
+            f"{document['schema']} result, which has no picture"
+        )
+    elif isinstance(result, Report):
+        out.print(doctor_report(result))
+    elif isinstance(result, TransferResult):
+        out.print(render.transfer_result(result))
+    else:
+        out.print(render.measurement(result))
+
+
+def show_run(report: Any, plot_path: Path | None, html_path: Path | None) -> None:
+    """A saved ``feedrate run`` report: the console report as the run printed it at its end,
+    then its stall timeline as a PNG (``plot_path``) and as the run's HTML page (``html_path``),
+    matplotlib checked for before anything prints."""
+    from feedrate.render.run import check_plotting, run_report, timeline_png, write_html
+
+    if plot_path is not None or html_path is not None:
+        check_plotting()
+    out.print(run_report(report))
+    if plot_path is not None:
+        plot_path.write_bytes(timeline_png(report))
+        err.print(f"wrote {plot_path}")
+    if html_path is not None:
+        write_html(report, html_path)
         err.print(f"wrote {html_path}")
 
 

@@ -1,6 +1,7 @@
 """Reading a saved result back (``feedrate report``): which kind of result a JSON document
-holds, and what is missing from it when it is not whole. A document written by feedrate reads
-back; one cut short or edited by hand is refused with the field that is wrong."""
+holds (tune, measure, doctor, transfer, or a ``feedrate run``), and what is missing from it when
+it is not whole. A document written by feedrate reads back; one cut short or edited by hand is
+refused with the field that is wrong."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 
 from feedrate.results.doctor import DOCTOR_SCHEMA, Report
 from feedrate.results.measurement import MEASURE_SCHEMA, Measurement
+from feedrate.results.run import RUN_SCHEMA, RunReport
 from feedrate.results.transfer import SCHEMA as TRANSFER_SCHEMA
 from feedrate.results.transfer import TransferResult
 from feedrate.results.tune import TUNE_SCHEMA, TuneResult
 
-Result = TuneResult | Measurement | Report | TransferResult
+Result = TuneResult | Measurement | Report | TransferResult | RunReport
 
 _NUMBER = (int, float)
 #: The fields each kind of document cannot do without, and the JSON type each must have.
@@ -30,6 +32,13 @@ REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     DOCTOR_SCHEMA: {"config": dict, "findings": list, "checks": list},
     TRANSFER_SCHEMA: {},
+    RUN_SCHEMA: {
+        "command": list,
+        "exit_code": _NUMBER,
+        "wall_s": _NUMBER,
+        "processes": list,
+        "loaders": list,
+    },
 }
 #: Within a trial (tune's baseline, best and trials; the doctor's trials).
 TRIAL_REQUIRED: dict[str, type | tuple[type, ...]] = {"config": dict, "reason": str}
@@ -38,6 +47,7 @@ _READERS: dict[str, Any] = {
     MEASURE_SCHEMA: Measurement.from_dict,
     DOCTOR_SCHEMA: Report.from_dict,
     TRANSFER_SCHEMA: TransferResult.from_dict,
+    RUN_SCHEMA: RunReport.from_dict,
 }
 _JSON_TYPE = {dict: "an object", list: "a list", str: "a string", _NUMBER: "a number"}
 
@@ -57,7 +67,8 @@ def problem(document: object) -> str | None:
         return "it is not a JSON object"
     schema = document.get("schema")
     if schema not in REQUIRED:
-        return f"it is not a feedrate result (schema: {schema!r})"
+        known = ", ".join(REQUIRED)
+        return f"it is not a feedrate result (schema: {schema!r}; one of {known} was expected)"
     found = _missing(document, REQUIRED[schema], "")
     if found is not None:
         return f"a {schema} document, but {found}"
