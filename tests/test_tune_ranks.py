@@ -68,9 +68,10 @@ def test_the_job_is_read_as_its_slowest_rank() -> None:
     fast, slow = measured(1000.0, 0.3, 1.6), measured(600.0, 0.5, 1.7)
     m = slowest([fast, slow])
     assert m.spread.median == 600.0 and m.rank_rates == [1000.0, 600.0]
-    # The other rank's CPU (0.3 + 2 × 0.2) is the job's own, not other processes' load.
+    # The other rank's CPU (0.3 + 2 × 0.2) is the job's own, not other processes' load; what
+    # other processes used is split between the node's 2 ranks, which share its CPUs.
     others = m.processes.system_busy_cpus - 0.5 - 0.4
-    assert others == pytest.approx(1.7 - 0.7 - 0.9)
+    assert others == pytest.approx((1.7 - 0.7 - 0.9) / 2)
     assert m.processes.shm_peak_bytes == 1000  # the largest any rank saw
     assert "rank 1 was the slowest of 2" in m.notes
 
@@ -297,8 +298,12 @@ def test_every_rank_reading_every_sample_is_named(tmp_path: Path) -> None:
     options = ["--budget-s", "6", "--max-workers", "2", "--json", str(out)]
     code, said = _two_ranks(tmp_path, "tune", "job.py:loader", *options)
     assert code == 0, said[-3000:]
-    found = {f["id"]: f for f in json.loads(out.read_text())["findings"]}
+    doc = json.loads(out.read_text())
+    found = {f["id"]: f for f in doc["findings"]}
     assert "no-distributed-sampler" in found
+    # The job's figure counts each sample once: one rank's rate, not the two added (QA).
+    assert doc["job_samples_per_s"] == pytest.approx(doc["best_samples_per_s"])
+    assert "not × 2: every rank reads every sample" in said
 
 
 def test_a_failing_rank_ends_the_job_naming_it_with_no_process_left(tmp_path: Path) -> None:

@@ -72,8 +72,9 @@ def rank_options(*, shard: bool) -> Callable[[F], F]:
         opts = click.option(
             "--nproc-per-node",
             type=click.IntRange(min=1),
-            help="Run as N ranks per node: start N rank processes on this machine, each on "
-            "its shard, all loading at once (no torchrun needed). Under torchrun, leave it out.",
+            help="Run as N ranks per node: start N rank processes on this machine, each with "
+            "its own loader, all loading at once (no torchrun needed). Under torchrun, leave it "
+            "out.",
         )(command)
         if shard:
             opts = click.option(

@@ -12,6 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 from feedrate.checks.transfer import pinned_in_flight
 from feedrate.distributed.group import Ranks
 from feedrate.loader import libraries
+from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.loader.shards import distributed_sampler
 from feedrate.machine.facts import cpu_ids
@@ -27,13 +28,15 @@ def rank_facts(
     *,
     batch_bytes: int | None = None,
     memory_bytes: int | None = None,
+    config: LoaderConfig | None = None,
 ) -> RankFacts:
     """This rank's facts: ``loader``'s settings (an accelerate-prepared loader's own
-    DataLoader), whether it reads only its part of the data, its threads, and, from what was
-    measured (``batch_bytes`` of one batch, ``memory_bytes`` of the main process and its
+    DataLoader), or ``config`` where those measured were other than its own (``feedrate
+    measure -w 8``), whether it reads only its part of the data, its threads, and, from what
+    was measured (``batch_bytes`` of one batch, ``memory_bytes`` of the main process and its
     workers), the pinned memory and /dev/shm its batches in flight take."""
     base = base_loader(loader)
-    config = config_of(base)
+    config = config or config_of(base)
     return RankFacts(
         rank=ranks.rank,
         node=ranks.node,

@@ -340,12 +340,9 @@ def _notes(
             f"{facts.cpus_usable} CPUs busy during the measurement: rates are lower, and "
             "vary more, than on a quiet machine"
         )
-    if config.num_workers > facts.cpus_usable:
-        notes.append(
-            f"num_workers={config.num_workers} is above the "
-            f"{counted(facts.cpus_usable, 'usable CPU')}: "
-            "this pays off only when workers mostly wait (latency-bound pipelines)"
-        )
+    over = over_cpus_note(config.num_workers, facts.cpus_usable)
+    if over is not None:
+        notes.append(over)
     if t.method == "whole-epochs":
         notes.append(
             "epochs are short against the warm-up (one batch per worker plus the prefetch "
@@ -361,6 +358,18 @@ def _notes(
     if not t.windows:
         notes.append("no steady-state batch was measured")
     return notes
+
+
+def over_cpus_note(workers: int, cpus: int) -> str | None:
+    """The note on more workers than this process's usable CPUs, or None. A job's ranks are
+    judged together instead, the workers of all its ranks against the node's CPUs
+    (``node-worker-oversubscription``), which ``measure_node`` puts in its place."""
+    if workers <= cpus:
+        return None
+    return (
+        f"num_workers={workers} is above the {counted(cpus, 'usable CPU')}: "
+        "this pays off only when workers mostly wait (latency-bound pipelines)"
+    )
 
 
 def deadline_note(t: windows.Timeline, plan: windows.WindowPlan) -> str:

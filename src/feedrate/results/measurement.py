@@ -57,6 +57,20 @@ class Measurement:
     #: Measured with every rank of a job loading at once: each rank's rate (median window,
     #: samples/s), in rank order; the figures above are the slowest rank's.
     rank_rates: list[float] | None = None
+    #: Measured over a job's ranks: True where every rank read only its part of the data (a
+    #: ``DistributedSampler``, one made with ``shard``, a library that splits by rank), False
+    #: where they read every sample (``no-distributed-sampler``), None where not known (an
+    #: IterableDataset may split by rank in ``__iter__``) or in one process.
+    sharded: bool | None = None
+
+    @property
+    def job_rate(self) -> float:
+        """samples/s of distinct samples the whole job loads: the slowest rank's rate times the
+        ranks (training steps in lockstep), but one rank's where every rank reads every sample
+        (the others load the same samples again); this process's rate outside a job."""
+        if not self.rank_rates or self.sharded is False:
+            return self.samples_per_s
+        return self.samples_per_s * len(self.rank_rates)
 
     def to_dict(self) -> dict[str, Any]:
         w = self.window
@@ -88,6 +102,8 @@ class Measurement:
             "transfer": self.transfer,
             "notes": self.notes,
             "rank_rates": self.rank_rates,
+            "sharded": self.sharded,
+            "job_samples_per_s": self.job_rate,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -129,6 +145,7 @@ class Measurement:
             consumer=d.get("consumer"),
             transfer=d.get("transfer"),
             rank_rates=d.get("rank_rates"),
+            sharded=d.get("sharded"),
         )
 
     @classmethod

@@ -91,10 +91,19 @@ class TuneResult:
         return self.best.median / self.baseline.median if self.baseline.median > 0 else 0.0
 
     @property
+    def every_rank_reads_all(self) -> bool:
+        """The ranks of the job each read every sample (``no-distributed-sampler``): their
+        rates added up would count the same samples once per rank."""
+        return any(f.id == "no-distributed-sampler" for f in self.findings)
+
+    @property
     def job_rate(self) -> float:
-        """samples/s of the whole job at the recommendation: the slowest rank's rate times the
-        ranks (training steps in lockstep); the one process's rate outside a job."""
-        return self.best_rate * int((self.ranks or {}).get("world_size", 1))
+        """samples/s of distinct samples the whole job loads at the recommendation: the
+        slowest rank's rate times the ranks (training steps in lockstep), but one rank's where
+        every rank reads every sample (as ``Measurement.job_rate``); the one process's rate
+        outside a job."""
+        ranks = 1 if self.every_rank_reads_all else (self.ranks or {}).get("world_size", 1)
+        return self.best_rate * int(ranks)
 
     def node_rates(self) -> list[float]:
         """Each node's samples/s at the recommendation (its slowest rank times its ranks), by
