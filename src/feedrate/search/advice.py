@@ -238,7 +238,25 @@ def _reason(
         )
     if kind == "cpu":
         return (
-            f"The pipeline is CPU-bound ({best.main_cpu + best.workers_cpu:.1f} of {cpus} CPUs "
-            f"busy): {w} workers keep the usable CPUs busy and more would only compete."
+            f"The pipeline is CPU-bound ({_cpu_load(best, cpus)}): {w} workers keep the usable "
+            "CPUs busy and more would only compete."
         )
     return f"{w} workers measured fastest, beyond the noise of the alternatives tried."
+
+
+def _cpu_load(best: Trial, cpus: int) -> str:
+    """The figures a CPU-bound ``best`` was judged on (``search.bottleneck``): the busy CPUs,
+    which processes outside the pipeline may fill more than its own (with several ranks, a
+    rank's share of the node's), and its workers' wait for a CPU where longer than they ran."""
+    own = best.main_cpu + best.workers_cpu
+    busy = max(own, best.system_busy_cpus or 0.0)
+    text = f"{busy:.1f} of {cpus} CPUs busy"
+    if busy - own >= 0.1:
+        text += f", {own:.1f} with its own work"
+    queued = best.worker_demand_mean - best.worker_cpu_mean
+    if queued > best.worker_cpu_mean:
+        text += (
+            f"; each worker queued for a CPU {queued:.0%} of the time, "
+            f"ran {best.worker_cpu_mean:.0%}"
+        )
+    return text

@@ -46,8 +46,8 @@ def rank_figures(
 def job_trial(trials: list[Trial]) -> Trial:
     """The job's trial: the slowest rank's (its spread and processes), with the largest stall
     any rank saw, the longest start-up, every rank's rate in ``rank_rates``, and, as tune reads
-    its trials (``search.ranks``), the busy CPUs less the other ranks' own and the largest
-    /dev/shm."""
+    its trials (``search.ranks``), the busy CPUs within the slowest rank's share of the node
+    and the largest /dev/shm."""
     rates = [t.samples_per_s for t in trials]
     slow = slowest_rank(rates)
     stalls = [t.stall_fraction for t in trials if t.stall_fraction is not None]

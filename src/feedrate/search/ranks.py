@@ -14,6 +14,7 @@ figure alone.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from feedrate.results.measurement import Measurement
@@ -30,14 +31,22 @@ def slowest_rank(rates: list[float]) -> int:
     return min(range(len(rates)), key=lambda r: rates[r])
 
 
-def job_busy(busy: list[float | None], own: list[float], low: int) -> float | None:
-    """The busy CPUs the machine had, as rank ``low`` sees them when the other ranks are its
-    own job: what those ranks used themselves (``own``, CPUs per rank) is taken out of what
-    "other processes" kept busy. None where no rank could read it."""
-    known = [b for b in busy if b is not None]
+def job_busy(
+    busy: list[float | None], own: list[float], low: int, node_of: Sequence[int] | None = None
+) -> float | None:
+    """The busy CPUs within rank ``low``'s share of its node, to be judged against that share:
+    its own (``own``, CPUs per rank) and its part of what other processes kept busy. The node's
+    ranks share its CPUs, so what they used is the job's own, not other processes' load, and
+    what processes outside the job used (the node's busy CPUs, ``busy``, less every local
+    rank's own) is split between them: a rank's share then reads full only when the node is.
+    ``node_of[r]``: rank ``r``'s node (None: all on one). None where no rank of ``low``'s node
+    could read the busy CPUs."""
+    local = [r for r in range(len(own)) if node_of is None or node_of[r] == node_of[low]]
+    known = [b for b in (busy[r] for r in local) if b is not None]
     if not known:
         return None
-    return max(0.0, max(known) - sum(c for r, c in enumerate(own) if r != low))
+    others = max(0.0, max(known) - sum(own[r] for r in local))
+    return own[low] + others / len(local)
 
 
 def largest(values: list[int | None]) -> int | None:
@@ -55,11 +64,12 @@ def agree(spreads: list[Spread], low: int) -> bool:
     return all(s.median - base.median <= AGREE_SE * math.hypot(se(s), se(base)) for s in spreads)
 
 
-def slowest(measurements: list[Measurement]) -> Measurement:
+def slowest(measurements: list[Measurement], node_of: Sequence[int] | None = None) -> Measurement:
     """The slowest rank's measurement (lowest median window), with ``rank_rates`` set, the
-    machine's busy CPUs counted as that rank sees them (``job_busy``), and the largest
-    /dev/shm any rank saw. When the ranks agree within their noise (``agree``), its rate is
-    theirs pooled: every rank's windows, and the mean of their aggregate rates."""
+    busy CPUs within that rank's share of its node (``job_busy``; ``node_of``: each rank's
+    node, None: all on one), and the largest /dev/shm any rank saw. When the ranks agree
+    within their noise (``agree``), its rate is theirs pooled: every rank's windows, and the
+    mean of their aggregate rates."""
     rates = [m.spread.median for m in measurements]
     low = slowest_rank(rates)
     m = measurements[low]
@@ -76,7 +86,7 @@ def slowest(measurements: list[Measurement]) -> Measurement:
         notes = [f"the {n} ranks' rates agreed within their noise: pooled"]
     processes = replace(m.processes)
     own = [x.processes.own_cpu for x in measurements]
-    busy = job_busy([x.processes.system_busy_cpus for x in measurements], own, low)
+    busy = job_busy([x.processes.system_busy_cpus for x in measurements], own, low, node_of)
     if busy is not None:
         processes.system_busy_cpus = busy
     shm = largest([x.processes.shm_peak_bytes for x in measurements])

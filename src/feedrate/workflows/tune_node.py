@@ -118,7 +118,7 @@ def gathered(channel: Channel, mine: Any) -> Measurement:
             if kind is None:
                 raise RankError(why)
             raise kind(why)
-    return slowest([Measurement.from_dict(d) for d in docs])
+    return slowest([Measurement.from_dict(d) for d in docs], channel.ranks.node_of)
 
 
 def lead(channel: Channel, run: Callable[[], TuneResult]) -> TuneResult:
