@@ -96,8 +96,8 @@ class Watch:
             self._iterator = _none
 
     def new_epoch(self, now: float, evaluating: bool = False) -> None:
-        """An epoch begins at ``now``; ``evaluating``: iterated from an evaluation loop."""
-        self.epochs += 1
+        """An epoch begins at ``now``; ``evaluating``: iterated from an evaluation loop. It is
+        counted at its first batch: an ``iter()`` that yields none (Lightning's) is none."""
         self.began, self.last, self.evaluating = now, None, evaluating
 
     def took(self, batch: Any, t0: float, t1: float, cpu: float, queued: float = 0.0) -> None:
@@ -105,7 +105,7 @@ class Watch:
         the thread having spent ``queued`` s of the wait queued for a CPU: the loop's, not the
         data's, where workers made the batch (see ``runqueue``)."""
         if self.last is None:  # the epoch's first batch: it waited from iter()
-            wait, step = t1 - self.began, 0.0
+            wait, step, self.epochs = t1 - self.began, 0.0, self.epochs + 1
             if self.startup is None:
                 self.startup = wait
                 self.batch_bytes = batch_nbytes(batch)
