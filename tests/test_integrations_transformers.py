@@ -3,7 +3,9 @@ CPU on the DataLoader the Trainer built from the arguments feedrate set."""
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from torch.utils.data import Dataset
 
 import feedrate
 from feedrate.integrations import loader_from
+from feedrate.loader.config import LoaderConfig
 
 hf = pytest.importorskip(
     "transformers", reason="transformers is not installed (feedrate[transformers])"
@@ -21,6 +24,8 @@ hf = pytest.importorskip(
 
 from feedrate.integrations.transformers import (  # noqa: E402
     FeedrateTrainerCallback,
+    apply_to_args,
+    quiet_builds,
     tune_trainer,
 )
 
@@ -160,3 +165,27 @@ def test_the_callback_tunes_this_run_s_loader_and_the_arguments(
     t.train()  # the next train() builds its loader from the tuned arguments: no new search
     assert seen.configs[2:] == [best, best]
     assert feedrate_lines(capsys.readouterr().out) == []
+
+
+def test_loaders_the_trainer_builds_after_tune_trainer_do_not_warn_of_many_workers(
+    tmp_path: Path,
+) -> None:
+    """A count past the CPUs is feedrate's measured answer: the loaders the Trainer builds
+    from the tuned arguments do not print torch's rule of thumb (QA saw it twice); wrapped
+    once however often it is called, and a loader it builds stays the Trainer's own."""
+    t = trainer(tmp_path)
+    many = LoaderConfig((os.cpu_count() or 1) + 2, prefetch_factor=2)
+    t.args = apply_to_args(t.args, many)
+    quiet_builds(t)
+    quiet_builds(t)
+    own = t.get_train_dataloader.__wrapped__
+    assert own.__self__ is t  # the Trainer's own method, wrapped once
+
+    def warned(loader: Any) -> bool:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            next(iter(loader))
+        return any("suggested max number of worker" in str(w.message) for w in caught)
+
+    assert not warned(t.get_train_dataloader())
+    assert warned(own())  # the same loader, built without the wrapper, warns

@@ -13,7 +13,9 @@ next loader. transformers is imported when this module is.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import importlib
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +31,7 @@ from feedrate.integrations.shared import (
     tune_shared,
 )
 from feedrate.loader.config import LoaderConfig
+from feedrate.loader.rebuild import allow_many_workers
 from feedrate.loader.words import TRAINING_ARGUMENTS
 from feedrate.results.tune import TuneResult
 
@@ -92,9 +95,34 @@ def tune_trainer(trainer: Any, **tune_kwargs: Any) -> TuneResult:
     main = trainer.is_world_process_zero()
     loader = trainer.get_train_dataloader()
     result, trainer.args, said = _tune(loader, trainer.args, main, tune_kwargs)
+    quiet_builds(trainer)
     if main:
         print(said, flush=True)
     return result
+
+
+def quiet_builds(trainer: Any) -> None:
+    """The loaders ``trainer`` builds from now on (with the tuned ``dataloader_num_workers``)
+    do not warn of more workers than CPUs: a count past them was measured, and torch's rule of
+    thumb printed its warning twice over a ``train()`` after ``tune_trainer`` (QA). Once per
+    trainer; a loader that takes no attribute keeps its warning."""
+    for name in ("get_train_dataloader", "get_eval_dataloader", "get_test_dataloader"):
+        own = getattr(trainer, name, None)
+        if own is None or getattr(own, "__feedrate_quiet__", False):
+            continue
+
+        @functools.wraps(own)
+        def built(*args: Any, _own: Any = own, **kwargs: Any) -> Any:
+            loader = _own(*args, **kwargs)
+            # accelerate's wrapper iterates the DataLoader it holds, which is what warns.
+            each: Any
+            for each in (loader, getattr(loader, "base_dataloader", None)):
+                with contextlib.suppress(AttributeError):  # not a DataLoader: as it is
+                    allow_many_workers(each)
+            return loader
+
+        built.__feedrate_quiet__ = True  # type: ignore[attr-defined]
+        setattr(trainer, name, built)
 
 
 class FeedrateTrainerCallback(_TrainerCallback):  # type: ignore[misc]
