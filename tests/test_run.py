@@ -524,10 +524,11 @@ def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
 def test_a_stream_that_repeats_in_every_worker_is_named_and_gets_no_worker_count(
     tmp_path: Path, split: bool
 ) -> None:
-    """The stream is probed as the script ends (2 workers): one that yields the whole stream in
-    each worker is an error, its figures said to count the copies, and the advice is to split
-    it, never another num_workers (QA's unsplit stream was advised 51 workers); a split one
-    has no such finding, and no probe is left running."""
+    """The stream (built in main(), gone by the script's end) is probed at its first epoch (2
+    workers): one that yields the whole stream in each worker is an error, its figures said to
+    count the copies, and the advice is to split it, never another num_workers, nor a
+    bottleneck read from the copies (QA's unsplit stream was advised 51 workers); a split one
+    has no such finding; no probe's worker is left running."""
     out = tmp_path / "run.json"
     before = {p.pid for p in psutil.process_iter()}
     done = feedrate_run("--json", str(out), "streams.py", *(["--split"] if split else []))
@@ -551,4 +552,4 @@ def test_a_stream_that_repeats_in_every_worker_is_named_and_gets_no_worker_count
     assert "get_worker_info()" in dup["fix"]
     assert not any("num_workers=" in s and "try" in s for s in loader["next_step"])
     assert "split the stream by worker" in loader["next_step"][0]
-    assert "iterable-duplicates" in done.stderr
+    assert "bottleneck" not in ids and "iterable-duplicates" in done.stderr

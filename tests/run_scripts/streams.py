@@ -1,5 +1,6 @@
-"""Two streams of ids 0..255 at 2 workers: ``unsplit`` yields the whole stream in each worker
-(every sample twice an epoch), ``split`` gives each worker its share by get_worker_info()."""
+"""A stream of ids 0..255 at 2 workers, built inside ``main()`` (gone before the script ends):
+unsplit, each worker yields the whole stream (every sample twice an epoch); with ``--split``,
+each worker its share by get_worker_info()."""
 
 import sys
 
@@ -18,11 +19,12 @@ class Ids(IterableDataset):
             yield {"id": i, "x": torch.full((4,), float(i))}
 
 
-unsplit = DataLoader(Ids(split=False), batch_size=16, num_workers=2)
-split = DataLoader(Ids(split=True), batch_size=16, num_workers=2)
-
-if __name__ == "__main__":
-    loader = split if "--split" in sys.argv else unsplit
+def main() -> None:
+    loader = DataLoader(Ids(split="--split" in sys.argv), batch_size=16, num_workers=2)
     for _ in range(2):
         seen = sum(len(batch["id"]) for batch in loader)
     print("samples an epoch", seen)
+
+
+if __name__ == "__main__":
+    main()

@@ -248,14 +248,15 @@ def _cached_config(doc: dict[str, Any] | None) -> LoaderConfig | None:
 
 
 def unsplit_stream(
-    loader: DataLoader[Any], who: str = "autotune", timeout_s: float = 30.0
+    loader: DataLoader[Any], who: str = "autotune", timeout_s: float = 30.0, raises: bool = False
 ) -> tuple[str | None, float | None, bool]:
     """Why an IterableDataset loader must keep its own worker count, or None (its library is
     known to split the stream by worker, or 2 workers were seen to yield different samples,
     by identity or by content seeded alike: never on too little to tell). With workers of
     its own, each added worker would yield the whole stream once more. Beside it, the share
     of their time the 2 workers making items were on a CPU, where they were seen to split;
-    and whether the 2 workers were seen to yield the same samples (not too few to tell)."""
+    and whether the 2 workers were seen to yield the same samples (not too few to tell).
+    ``raises``: a probe that fails raises, for a caller with no count to keep safe."""
     if libraries.splits_by_worker(loader.dataset) is not None:
         return None, None, False  # known to split (and probing would use up a MosaicML epoch)
     if libraries.worker_limit(loader.dataset) == 1:  # a probe's 2nd worker would stop at once
@@ -271,6 +272,8 @@ def unsplit_stream(
     try:
         digests = stream_digests(loader, limit=32, seconds=2.0, timeout_s=timeout_s)
     except Exception as exc:  # the check itself failed: stay safe
+        if raises:
+            raise
         return f"the check of its stream failed ({exc})", None, False
     seen = streams.stream_verdict(digests)
     if seen.verdict == "split":

@@ -98,7 +98,7 @@ SPLIT_FIX = (
 
 
 def copies_in_run_finding(why: str, workers: int) -> Finding:
-    """``feedrate run``'s ``iterable-duplicates``: the probe at the script's end (``why``, from
+    """``feedrate run``'s ``iterable-duplicates``: the probe at its first epoch (``why``, from
     ``autotuning.start.unsplit_stream``) saw 2 workers yield the same samples; with
     ``workers`` of 2 or more, the run's own figures counted the copies."""
     effect = (
@@ -110,7 +110,7 @@ def copies_in_run_finding(why: str, workers: int) -> Finding:
     return Finding(
         "iterable-duplicates",
         "error" if workers >= 2 else "warning",
-        f"probed as the run ended: {why}; {effect}",
+        f"probed at its first epoch: {why}; {effect}",
         SPLIT_FIX,
     )
 
@@ -296,8 +296,8 @@ DOCS = (
             "runs the same `__iter__`, so each sample arrives once per worker per epoch."
         ),
         evidence=(
-            "From `doctor`, `tune` and `run` (as the script ends, for the 2 streams it used "
-            "most): the `IterableDataset` run in 2 workers (at most 64 items "
+            "From `doctor`, `tune` and `run` (at the first epoch of the first 2 streams a "
+            "script trains on): the `IterableDataset` run in 2 workers (at most 64 items "
             "each), their random generators seeded alike before every item, each item hashed "
             "by identity (its ids, labels, keys and other non-float parts, which random "
             "augmentation leaves alone) and by content. Distinct ids are compared as sets, "

@@ -289,16 +289,18 @@ def findings(ld: LoaderRun, machine: dict[str, Any], cpus: int) -> list[Finding]
     found: list[Finding] = []
     kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
     whose = "autotune's" if trial.config != ld.config else "your"
-    stall = data_stall_finding(trial, _fix(ld, kind), whose)
+    copies = ld.stream_copies and ld.stream_kept  # more workers would add copies: not the fix
+    fix = "split the stream by worker first (iterable-duplicates)" if copies else _fix(ld, kind)
+    stall = data_stall_finding(trial, fix, whose)
     if stall is not None and ld.role == "train":
         found.append(stall)
     epoch_samples = ld.epoch_batches * ld.batch_size if ld.epoch_batches and ld.batch_size else None
     for extra in (startup_finding(trial, epoch_samples), pin_memory_finding(trial, machine)):
         if extra is not None:
             found.append(extra)
+    if copies and ld.stream_kept:  # its rates count copies: no bottleneck is read from them
+        return [copies_in_run_finding(ld.stream_kept, ld.config.num_workers), *found]
     found.append(bottleneck_finding(ld, kind, cpus))
-    if ld.stream_copies and ld.stream_kept:
-        found.insert(0, copies_in_run_finding(ld.stream_kept, ld.config.num_workers))
     return found
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import importlib
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +31,7 @@ from feedrate.integrations.shared import (
     tune_shared,
 )
 from feedrate.loader.config import LoaderConfig
-from feedrate.loader.rebuild import allow_many_workers
+from feedrate.loader.rebuild import allow_many_workers, quiet_worker_count_warning
 from feedrate.loader.words import TRAINING_ARGUMENTS
 from feedrate.results.tune import TuneResult
 
@@ -105,24 +105,32 @@ def quiet_builds(trainer: Any) -> None:
     """The loaders ``trainer`` builds from now on (with the tuned ``dataloader_num_workers``)
     do not warn of more workers than CPUs: a count past them was measured, and torch's rule of
     thumb printed its warning twice over a ``train()`` after ``tune_trainer`` (QA). Once per
-    trainer; a loader that takes no attribute keeps its warning."""
-    for name in ("get_train_dataloader", "get_eval_dataloader", "get_test_dataloader"):
+    trainer; bound as methods, so a copy of the trainer builds its own loaders."""
+    for name, quiet in _QUIET.items():
         own = getattr(trainer, name, None)
-        if own is None or getattr(own, "__feedrate_quiet__", False):
-            continue
+        if own is not None and not getattr(own, "__feedrate_quiet__", False):
+            setattr(trainer, name, types.MethodType(quiet, trainer))
 
-        @functools.wraps(own)
-        def built(*args: Any, _own: Any = own, **kwargs: Any) -> Any:
-            loader = _own(*args, **kwargs)
-            # accelerate's wrapper iterates the DataLoader it holds, which is what warns.
-            each: Any
-            for each in (loader, getattr(loader, "base_dataloader", None)):
-                with contextlib.suppress(AttributeError):  # not a DataLoader: as it is
-                    allow_many_workers(each)
-            return loader
 
-        built.__feedrate_quiet__ = True  # type: ignore[attr-defined]
-        setattr(trainer, name, built)
+def _quiet(name: str) -> Any:
+    def built(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with quiet_worker_count_warning():  # DataLoader.__init__ warns too
+            loader = getattr(type(self), name)(self, *args, **kwargs)
+        # accelerate's wrapper iterates the DataLoader it holds, which is what warns.
+        each: Any
+        for each in (loader, getattr(loader, "base_dataloader", None)):
+            with contextlib.suppress(AttributeError):  # not a DataLoader: as it is
+                allow_many_workers(each)
+        return loader
+
+    built.__name__ = built.__qualname__ = name
+    built.__feedrate_quiet__ = True  # type: ignore[attr-defined]
+    return built
+
+
+_QUIET = {
+    n: _quiet(n) for n in ("get_train_dataloader", "get_eval_dataloader", "get_test_dataloader")
+}
 
 
 class FeedrateTrainerCallback(_TrainerCallback):  # type: ignore[misc]

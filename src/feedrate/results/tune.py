@@ -106,8 +106,9 @@ class TuneResult:
         return self.best_rate * int(ranks)
 
     def node_rates(self) -> list[float]:
-        """Each node's samples/s at the recommendation (its slowest rank times its ranks), by
-        node number; empty outside a job."""
+        """Each node's samples/s at the recommendation (its slowest rank times its ranks, or
+        its slowest rank's alone where every rank reads every sample), by node number; empty
+        outside a job."""
         rates = self.best.rank_rates
         if self.ranks is None or not rates:
             return []
@@ -116,7 +117,7 @@ class TuneResult:
         out = []
         for n in sorted(set(node_of)):
             mine = [r for r, k in zip(rates, node_of, strict=False) if k == n]
-            out.append(min(mine) * scale * len(mine))
+            out.append(min(mine) * scale * (1 if self.every_rank_reads_all else len(mine)))
         return out
 
     def loader(self, source: Any = None) -> Any:

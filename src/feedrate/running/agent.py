@@ -117,9 +117,13 @@ def _on_import(torch: ModuleType) -> None:
         from feedrate.running import tuning  # noqa: F401
         from feedrate.running.observer import Registry, install
         from feedrate.running.sampler import Sampler, read_at_shutdown
+        from feedrate.running.streams import probe_first_epoch
         from feedrate.running.tuning import replacer
 
-        registry = Registry(_origin(), replacer() if os.environ.get(ENV_AUTOTUNE) else None)
+        # --autotune's replacer probes a stream itself before it adds workers.
+        registry = Registry(
+            _origin(), replacer() if os.environ.get(ENV_AUTOTUNE) else probe_first_epoch
+        )
         sampler = Sampler(lambda: list(registry.watches))
         _state["registry"], _state["sampler"] = registry, sampler
         install(registry, dataloader.DataLoader)
@@ -178,11 +182,10 @@ def report() -> dict[str, Any] | None:
         finish(watch)  # --autotune's, or the script's own feedrate.autotune
     rank = _int_env("RANK")
     rank = _int_env("LOCAL_RANK") if rank is None else rank
-    from feedrate.running.streams import probed
+    from feedrate.running.streams import NOTES, applied  # imported with torch: no import here
 
-    watched = [w for w in registry.watches if w.batches]
-    loaders = probed([(w.loader(), w.result(os.getpid(), rank)) for w in watched])
-    notes = list(_state.get("notes", []))
+    loaders = [applied(w, w.result(os.getpid(), rank)) for w in registry.watches if w.batches]
+    notes = list(_state.get("notes", [])) + NOTES
     if not loaders:
         api = sys.modules.get("feedrate.autotuning.api")
         made = api.made_here() if api is not None else 0

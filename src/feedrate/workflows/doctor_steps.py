@@ -23,9 +23,10 @@ from feedrate.results.findings import Finding
 #: Every finding id the doctor reports, each with the steps that gather its evidence ("static"
 #: needs none beyond the machine facts and the loader's settings).
 CHECKS: dict[str, tuple[str, ...]] = {
-    "bottleneck": ("performance", "memory"),  # memory: a batch to time a --step on
-    "too-few-workers": ("performance",),
-    "too-many-workers": ("performance",),
+    # duplicates: a stream every worker repeats has no worker-count verdict (rates of copies).
+    "bottleneck": ("performance", "memory", "duplicates"),  # memory: a batch for a --step
+    "too-few-workers": ("performance", "duplicates"),
+    "too-many-workers": ("performance", "duplicates"),
     "startup-cost": ("performance", "workers"),
     "shm-too-small": ("batch",),  # and any run that dies of it
     "fd-limit": ("batch",),
