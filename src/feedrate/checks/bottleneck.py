@@ -16,6 +16,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import (
     LABELS,
     Bottleneck,
+    busy_words,
     classify,
     faster,
     ipc_bytes_per_s,
@@ -53,9 +54,9 @@ def _evidence(
         f"({t.worker_cpu_mean:.0%} each, {queued:.0%} more queued for a CPU) at "
         f"{t.config.label()} on {cpus} usable CPU{'s' if cpus != 1 else ''}"
     )
-    own, busy = t.main_cpu + t.workers_cpu, t.system_busy_cpus
-    if kind == "cpu" and busy is not None and busy - own >= 0.1:  # the CPUs full beyond its own
-        text += f"; the CPUs {busy:.1f} of {cpus} busy, {own:.1f} with its own work"
+    busy, others = busy_words(t, cpus)
+    if kind == "cpu" and others:  # the CPUs full beyond its own load
+        text += f"; {busy}"
     rate = ipc_bytes_per_s(t, batch_size)
     if kind == "ipc" and rate is not None and t.batch_bytes:
         text += f"; {size(rate)}/s of batches ({size(t.batch_bytes)} each) through shared memory"

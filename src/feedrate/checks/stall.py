@@ -289,7 +289,7 @@ def findings(ld: LoaderRun, machine: dict[str, Any], cpus: int) -> list[Finding]
     found: list[Finding] = []
     kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
     whose = "autotune's" if trial.config != ld.config else "your"
-    copies = ld.stream_copies and ld.stream_kept  # more workers would add copies: not the fix
+    copies = ld.stream_kept if ld.stream_copies else None  # more workers add copies: no fix
     fix = "split the stream by worker first (iterable-duplicates)" if copies else _fix(ld, kind)
     stall = data_stall_finding(trial, fix, whose)
     if stall is not None and ld.role == "train":
@@ -298,8 +298,8 @@ def findings(ld: LoaderRun, machine: dict[str, Any], cpus: int) -> list[Finding]
     for extra in (startup_finding(trial, epoch_samples), pin_memory_finding(trial, machine)):
         if extra is not None:
             found.append(extra)
-    if copies and ld.stream_kept:  # its rates count copies: no bottleneck is read from them
-        return [copies_in_run_finding(ld.stream_kept, ld.config.num_workers), *found]
+    if copies:  # its rates count copies: no bottleneck is read from them
+        return [copies_in_run_finding(copies, ld.config.num_workers), *found]
     found.append(bottleneck_finding(ld, kind, cpus))
     return found
 

@@ -125,8 +125,8 @@ class LoaderRun:
     ``grad_off_batches`` were taken with autograd off (``torch.no_grad``, inference mode).
     ``system_busy_cpus``: the whole machine's busy CPUs while its workers were read (others'
     processes too). ``stream_kept``: of an IterableDataset, why its worker count must stay
-    (its stream is not seen split by worker: probed at exit), with ``stream_copies`` where 2
-    workers were seen to yield the same samples.
+    (its stream is not seen split by worker: probed at its first epoch), with
+    ``stream_copies`` where 2 workers were seen to yield the same samples.
     ``role``, ``bottleneck``, ``findings`` and ``next_step`` are decided from the rest."""
 
     created_at: str

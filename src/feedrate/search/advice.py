@@ -8,7 +8,7 @@ from typing import Any
 
 from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
-from feedrate.search.bottleneck import bottleneck
+from feedrate.search.bottleneck import bottleneck, busy_words
 from feedrate.search.space import (
     Space,
     beats,
@@ -248,11 +248,7 @@ def _cpu_load(best: Trial, cpus: int) -> str:
     """The figures a CPU-bound ``best`` was judged on (``search.bottleneck``): the busy CPUs,
     which processes outside the pipeline may fill more than its own (with several ranks, a
     rank's share of the node's), and its workers' wait for a CPU where longer than they ran."""
-    own = best.main_cpu + best.workers_cpu
-    busy = max(own, best.system_busy_cpus or 0.0)
-    text = f"{busy:.1f} of {cpus} CPUs busy"
-    if busy - own >= 0.1:
-        text += f", {own:.1f} with its own work"
+    text, _ = busy_words(best, cpus)
     queued = best.worker_demand_mean - best.worker_cpu_mean
     if queued > best.worker_cpu_mean:
         text += (

@@ -91,6 +91,17 @@ def competing(t: Trial, cpus: int) -> bool:
     return queued > t.workers_cpu and busy >= 0.85 * cpus and own >= 0.5 * busy
 
 
+def busy_words(t: Trial, cpus: int) -> tuple[str, bool]:
+    """The busy CPUs ``t`` was judged on, in words ("1.0 of 1 CPUs busy, 0.6 with its own
+    work": with several ranks, a rank's share of the node's), and whether processes outside
+    the pipeline filled 0.1 CPU or more of them (then its own load is named beside)."""
+    own = t.main_cpu + t.workers_cpu
+    busy = max(own, t.system_busy_cpus or 0.0)
+    others = busy - own >= 0.1
+    text = f"{busy:.1f} of {cpus} CPUs busy" + (f", {own:.1f} with its own work" if others else "")
+    return text, others
+
+
 def ipc_bytes_per_s(t: Trial, batch_size: int | None) -> float | None:
     """Bytes of batches per second crossing from the workers to the main process."""
     if not t.measured or not t.batch_bytes or not batch_size or t.config.num_workers == 0:
