@@ -61,6 +61,33 @@ def test_worker_killed_by_signal_names_signal_and_cause(signum: int, cause: str)
     assert cause in msg
 
 
+def test_a_second_report_of_the_death_during_clean_up_keeps_the_named_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torch's SIGCHLD handler may report the dead worker again while feedrate is still finding
+    # the iterator to unwatch (a gc walk): that report used to escape raw, in place of
+    # WorkerKilledError. Here it lands there, on purpose, every time.
+    import sys
+
+    from feedrate.measuring import failures
+
+    real = failures.real_iterator
+    reported: list[bool] = []
+
+    def reporting_once(it: object) -> object:
+        if sys._getframe(1).f_code.co_name == "quiesce" and not reported:
+            reported.append(True)
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Bus error. ")
+        return real(it)
+
+    monkeypatch.setattr(failures, "real_iterator", reporting_once)
+    loader = DataLoader(KillingDataset(at=40, signum=signal.SIGBUS), batch_size=8)
+    with pytest.raises(WorkerKilledError) as info:
+        measure(loader, LoaderConfig(num_workers=2), batches=200, timeout_s=30)
+    assert reported, "the report never landed in quiesce"
+    assert "SIGBUS" in str(info.value)
+
+
 def test_a_crash_in_the_main_process_shows_where_it_happened(tmp_path: Path) -> None:
     # No worker to report it: the process itself dies (num_workers=0). It used to end with
     # nothing printed at all; now with the Python line of the dataset that crashed.

@@ -321,12 +321,14 @@ def shut_down(iterator: object, loader: object = None) -> None:
 def quiesce(iterator: object, watchdog: Watchdog) -> None:
     """After a failure: stop the watchdog, and stop DataLoader's SIGCHLD handler from raising
     about workers already known dead while we clean up. The handler may fire between the two, so
-    its report (which ``explain`` already covers) is swallowed and the step retried."""
-    iterator = real_iterator(iterator)
+    its report (which ``explain`` already covers) is swallowed and the step retried: all of it,
+    finding the iterator too (a walk of the garbage collector's referents, long enough for the
+    signal to land in; once a report interrupted it there and escaped, raw, in place of the
+    error ``explain`` would have named)."""
     for _ in range(3):
         try:
             watchdog.disarm()
-            _unwatch(iterator)
+            _unwatch(real_iterator(iterator))
             return
         except RuntimeError as exc:
             if not WORKER_DIED.search(str(exc)):
