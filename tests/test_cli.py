@@ -53,6 +53,29 @@ def test_measure_prints_figures_and_writes_json(tiny_target: str, tmp_path: Path
     assert len(data["processes"]["workers"]) == 2
 
 
+def test_a_scripts_own_arguments_follow_the_double_dash(tmp_path: Path) -> None:
+    body = (
+        "import argparse\nfrom torch.utils.data import DataLoader\n"
+        "from pipelines import TinyDataset\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--batch-size', type=int)\n"
+        "loader = DataLoader(TinyDataset(256), batch_size=parser.parse_args().batch_size)\n"
+    )
+    target = f"{write_target(tmp_path, body)}:loader"
+    out = tmp_path / "m.json"
+    code, stdout, stderr = run_cli(
+        "measure", target, "--batches", "10", "--json", str(out), "--", "--batch-size", "16"
+    )
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["batch_size"] == 16
+    assert data["target"] == f"{target} -- --batch-size 16"
+    title = f"feedrate measure {target} -- --batch-size 16"
+    assert "".join(title.split()) in "".join(stdout.split())  # as rich wrapped it
+    code, _, stderr = run_cli("measure", target, "--batches", "10", "--batch-size", "16")
+    assert code == 2 and "No such option '--batch-size'" in stderr  # not the script's: before --
+    assert "a script's own arguments go after --" in stderr
+
+
 def test_env_prints_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "env.json"
     code, stdout, _ = run_cli("env", "--json", str(out))

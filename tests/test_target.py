@@ -353,7 +353,55 @@ def test_sys_exit_at_import(tmp_path: Path) -> None:
     assert message.startswith(f"{path}:loader: importing it called sys.exit(2)")
     assert f"{path}:2 in <module>" in message
     assert 'if __name__ == "__main__"' in message
+    assert "arguments after --" in message
     assert isinstance(error.__cause__, SystemExit)
+
+
+def test_sys_exit_at_import_with_arguments_names_them(tmp_path: Path) -> None:
+    path = write(tmp_path, "cli2.py", "import argparse\nargparse.ArgumentParser().parse_args()\n")
+    message = str(load_error(parse_target(f"{path}:loader", ("--bogus", "a b"))))
+    assert message.endswith("with the arguments --bogus 'a b' it was given after --"), message
+
+
+ARGS_SCRIPT = """
+    import argparse, sys
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=8)
+    SEEN_AT_IMPORT = list(sys.argv)
+
+    def build():
+        args = parser.parse_args()  # read again where the loader is built, as scripts do
+        return DataLoader(TensorDataset(torch.zeros(64, 2)), batch_size=args.batch_size)
+
+    loader = build()
+"""
+
+
+def test_a_script_sees_its_own_arguments_while_it_builds_the_loader(tmp_path: Path) -> None:
+    from feedrate.loader.target import load_source
+
+    path = write(tmp_path, "withargs.py", ARGS_SCRIPT)
+    argv = list(sys.argv)
+    loader = load_target(parse_target(f"{path}:loader", ("--batch-size", "16")))
+    assert loader.batch_size == 16
+    seen = sys.modules["withargs"].SEEN_AT_IMPORT
+    assert seen == [str(path), "--batch-size", "16"]
+    assert sys.argv == argv  # feedrate's own, back
+    # NAME a function: each loader built later sees them too, and sys.argv is back after
+    factory = load_source(parse_target(f"{path}:build", ("--batch-size", "4")))
+    assert callable(factory)
+    assert factory().batch_size == 4 and factory().batch_size == 4
+    assert sys.argv == argv
+
+
+def test_without_arguments_a_script_sees_none_of_feedrates(tmp_path: Path) -> None:
+    path = write(tmp_path, "noargs.py", ARGS_SCRIPT)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "argv", ["feedrate", "tune", f"{path}:loader", "--budget", "30"])
+        assert load_target(f"{path}:loader").batch_size == 8  # its default: no --budget error
 
 
 def test_keyboard_interrupt_propagates(tmp_path: Path) -> None:

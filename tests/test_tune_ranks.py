@@ -190,6 +190,8 @@ def test_the_ranks_findings_are_each_said_once_naming_the_ranks_that_found_them(
 def test_the_ranks_run_the_command_without_its_nproc_option() -> None:
     argv = ["tune", "x.py:l", "--nproc-per-node", "2", "--fresh", "--nproc-per-node=3"]
     assert without_nproc(argv) == ["tune", "x.py:l", "--fresh"]
+    script_own = ["tune", "x.py:l", "--nproc-per-node", "2", "--", "--nproc-per-node", "8"]
+    assert without_nproc(script_own) == ["tune", "x.py:l", "--", "--nproc-per-node", "8"]
 
 
 TARGET = """

@@ -68,6 +68,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                 standalone_mode=False,
             )
     except click.ClickException as exc:
+        if isinstance(exc, click.NoSuchOption) and ranks.ARGV[:1] in (
+            ["measure"],
+            ["tune"],
+            ["doctor"],
+        ):
+            hint = "(a script's own arguments go after --: TARGET -- --lr 0.1)"
+            exc = click.NoSuchOption(
+                exc.option_name,
+                f"No such option {exc.option_name!r} {hint}.",
+                exc.possibilities,
+                exc.ctx,
+            )
         exc.show()
         sys.exit(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):

@@ -12,7 +12,13 @@ from pathlib import Path
 import click
 
 from feedrate import __version__
-from feedrate.cli.options import POSITIVE, consumer_options, device_option, file_option
+from feedrate.cli.options import (
+    POSITIVE,
+    consumer_options,
+    device_option,
+    file_option,
+    target_arguments,
+)
 from feedrate.cli.output import (
     TuneProgress,
     check_outputs,
@@ -23,6 +29,7 @@ from feedrate.cli.output import (
     out,
     show_saved,
     show_tune,
+    shown_target,
     write_json,
 )
 from feedrate.cli.ranks import rank_options
@@ -55,7 +62,7 @@ def env(json_path: Path | None) -> None:
 
 
 @cli.command()
-@click.argument("target")
+@target_arguments
 @click.option(
     "-w",
     "--num-workers",
@@ -107,6 +114,7 @@ def env(json_path: Path | None) -> None:
 @rank_options(shard=True)
 def measure(
     target: str,
+    script_args: tuple[str, ...],
     num_workers: int | None,
     pin_memory: bool | None,
     prefetch_factor: int | None,
@@ -128,7 +136,8 @@ def measure(
     from feedrate.workflows.measure_node import measure_job
 
     check_outputs(target, json=json_path)
-    loader = load(target)
+    loader = load(target, script_args)
+    target = shown_target(target, script_args)
     own = config_of(loader_of(loader))
     workers = own.num_workers if num_workers is None else num_workers
     if workers == 0 and (persistent_workers or prefetch_factor):  # DataLoader ignores them
@@ -162,7 +171,7 @@ _BUDGET_HELP = "Seconds the search may take, start-up included (the checks after
 
 
 @cli.command()
-@click.argument("target")
+@target_arguments
 @consumer_options
 @click.option("--budget-s", type=POSITIVE, default=60.0, show_default=True, help=_BUDGET_HELP)
 @click.option(
@@ -198,6 +207,7 @@ _BUDGET_HELP = "Seconds the search may take, start-up included (the checks after
 @rank_options(shard=True)
 def tune(
     target: str,
+    script_args: tuple[str, ...],
     rate: float | None,
     step_time: float | None,
     step_spec: str | None,
@@ -216,13 +226,14 @@ def tune(
 ) -> None:
     """Find the DataLoader settings that make TARGET fastest on this machine, or, with a
     consumer (--rate, --step-time, --step), the cheapest that keep it fed; explain why."""
-    from feedrate.loader.target import load_step
+    from feedrate.loader.target import load_step, parse_target
     from feedrate.workflows.tune import tune as run_tune
 
     check_outputs(target, json=json_path, plot=plot_path, html=html_path)
     limit = parse_size(memory_limit, "memory_limit") if memory_limit is not None else None
-    loader = load(target)
-    step = load_step(step_spec) if step_spec else None
+    loader = load(target, script_args)
+    target = shown_target(target, script_args)
+    step = load_step(parse_target(step_spec, script_args)) if step_spec else None
     with TuneProgress(budget_s) as progress:
         result = run_tune(
             loader,
@@ -246,7 +257,7 @@ def tune(
 
 
 @cli.command()
-@click.argument("target")
+@target_arguments
 @consumer_options
 @click.option(
     "--check",
@@ -274,6 +285,7 @@ def tune(
 @rank_options(shard=False)
 def doctor(
     target: str,
+    script_args: tuple[str, ...],
     rate: float | None,
     step_time: float | None,
     step_spec: str | None,
@@ -289,15 +301,16 @@ def doctor(
     Exits 0 when it ran (findings or not), 2 for a bad target or option, 3 when the pipeline
     itself failed (the report, with what was found before, is still printed).
     """
-    from feedrate.loader.target import load_step
+    from feedrate.loader.target import load_step, parse_target
     from feedrate.render.doctor import doctor_report
     from feedrate.workflows.doctor import doctor as run_doctor
     from feedrate.workflows.doctor import wanted_checks
 
     wanted_checks(check_ids or None)
     check_outputs(target, json=json_path)
-    loader = load(target)
-    step = load_step(step_spec) if step_spec else None
+    loader = load(target, script_args)
+    target = shown_target(target, script_args)
+    step = load_step(parse_target(step_spec, script_args)) if step_spec else None
     with err.status(f"doctor: examining {target} …", spinner="dots") as status:
         report = run_doctor(
             loader,

@@ -30,6 +30,15 @@ OPTION_OF = {
 }
 
 
+def target_arguments(fn: F) -> F:
+    """TARGET, then the script's own arguments after ``--`` (its ``sys.argv[1:]`` while it is
+    imported: ``feedrate tune train.py:loader --budget 30 -- --data /mnt/train``)."""
+    fn = click.argument(
+        "script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS...]"
+    )(fn)
+    return click.argument("target")(fn)
+
+
 def file_option(name: str, dest: str, help_text: str) -> Callable[[F], F]:
     """An option naming a file to write (--json, --plot, --html); ``--json -`` is stdout."""
     kind = click.Path(dir_okay=False, path_type=Path, allow_dash=name == "--json")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable
@@ -241,12 +242,17 @@ class TuneProgress:
         )
 
 
-def load(target: str) -> Any:
+def load(target: str, script_args: tuple[str, ...] = ()) -> Any:
     """The TARGET's DataLoader, or, where NAME is a function, a factory that builds a fresh one
-    for each run (``load_source``)."""
-    from feedrate.loader.target import load_source
+    for each run (``load_source``); the script sees ``script_args`` as its arguments."""
+    from feedrate.loader.target import load_source, parse_target
 
     # As `python -m` does: a package.module target is looked up from the current directory too.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return load_source(target)
+    return load_source(parse_target(target, script_args))
+
+
+def shown_target(target: str, script_args: tuple[str, ...]) -> str:
+    """The TARGET as reports show it: with the script's arguments, as they were given."""
+    return f"{target} -- {shlex.join(script_args)}" if script_args else target

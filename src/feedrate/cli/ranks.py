@@ -45,11 +45,15 @@ def one_node() -> bool:
 
 
 def without_nproc(argv: Sequence[str]) -> list[str]:
-    """``argv`` less its ``--nproc-per-node N`` (or ``--nproc-per-node=N``)."""
-    out, skip = [], False
-    for a in argv:
+    """``argv`` less its ``--nproc-per-node N`` (or ``--nproc-per-node=N``); what follows
+    ``--`` is the script's own, kept as it is."""
+    out: list[str] = []
+    skip = False
+    for n, a in enumerate(argv):
         if skip:
             skip = False
+        elif a == "--":
+            return out + list(argv[n:])
         elif a == "--nproc-per-node":
             skip = True
         elif not a.startswith("--nproc-per-node="):

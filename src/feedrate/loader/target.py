@@ -7,6 +7,7 @@ when the user's own code raised, that exception is kept as ``__cause__``.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.machinery
@@ -15,7 +16,7 @@ import inspect
 import itertools
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -53,19 +54,24 @@ class TargetSpec:
 
     ``location`` is a file path exactly as the user wrote it (``kind == "file"``) or a dotted
     module name (``kind == "module"``); ``name`` is an attribute path in it, e.g. ``loader`` or
-    ``cfg.train``.
+    ``cfg.train``. ``args`` are the script's own command-line arguments: its ``sys.argv[1:]``
+    while it is imported and while NAME builds a loader (``sys.argv[0]`` is ``location``), as
+    ``python train.py ARGS`` would give it. A script that parses its arguments where it builds
+    the loader gets them, not feedrate's own.
     """
 
     kind: TargetKind
     location: str
     name: str
+    args: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.location}:{self.name}"
 
 
-def parse_target(spec: str) -> TargetSpec:
+def parse_target(spec: str, args: tuple[str, ...] = ()) -> TargetSpec:
     """Split ``spec`` at its last colon; raise TargetError unless it has the form of a TARGET.
+    ``args`` are the script's own arguments (``TargetSpec.args``).
 
     The location is a file when it ends in ``.py`` or contains a path separator, otherwise a
     dotted module name. Nothing is imported or checked on disk here.
@@ -78,10 +84,10 @@ def parse_target(spec: str) -> TargetSpec:
     if not _is_dotted_identifier(name):
         raise _bad_form(spec, f"NAME {name!r} is not a Python name")
     if location.endswith(".py") or any(s in location for s in _SEPARATORS):
-        return TargetSpec("file", location, name)
+        return TargetSpec("file", location, name, tuple(args))
     if not _is_dotted_identifier(location):
         raise _bad_form(spec, f"{location!r} is neither a .py file nor a dotted module name")
-    return TargetSpec("module", location, name)
+    return TargetSpec("module", location, name, tuple(args))
 
 
 def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
@@ -95,8 +101,9 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
     """
     # A DataLoader subclass built meanwhile keeps its arguments (rebuild); DataLoader's warning
     # about more workers than CPUs is feedrate's to judge (workers-past-cpus), not to print.
-    with recording(), quiet_worker_count_warning():
-        target, value = _load_object(spec)
+    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
+    with recording(), quiet_worker_count_warning(), script_argv(target):
+        _, value = _load_object(target)
         return _as_loader(value, target)
 
 
@@ -105,8 +112,9 @@ def load_source(spec: str | TargetSpec) -> DataLoader[Any] | Callable[[], DataLo
     that builds a fresh loader at each call (the first call returns the one built here, where
     every error is raised as for ``load_target``): a run that iterates a dataset then leaves
     nothing behind for the next (MosaicML's ``StreamingDataset`` keeps file locks)."""
-    with recording(), quiet_worker_count_warning():
-        target, value = _load_object(spec)
+    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
+    with recording(), quiet_worker_count_warning(), script_argv(target):
+        _, value = _load_object(target)
         first = _as_loader(value, target)
     if not (inspect.isfunction(value) or inspect.ismethod(value)):
         return first
@@ -124,18 +132,30 @@ class _Factory:
         if self.first is not None:
             loader, self.first = self.first, None
             return loader
-        with recording(), quiet_worker_count_warning():
+        with recording(), quiet_worker_count_warning(), script_argv(self.target):
             return _as_loader(self.fn, self.target)
 
 
 def _load_object(spec: str | TargetSpec, step: bool = False) -> tuple[TargetSpec, object]:
     """Import the TARGET's file or module and look NAME up in it."""
     target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
-    if target.kind == "file":
-        module = _import_file(target)
-    else:
-        module = run_user(target, "importing it", lambda: _import_module(target.location))
-    return target, run_user(target, "getting it", lambda: _resolve(module, target, step))
+    with script_argv(target):
+        if target.kind == "file":
+            module = _import_file(target)
+        else:
+            module = run_user(target, "importing it", lambda: _import_module(target.location))
+        return target, run_user(target, "getting it", lambda: _resolve(module, target, step))
+
+
+@contextlib.contextmanager
+def script_argv(target: TargetSpec) -> Iterator[None]:
+    """``sys.argv`` as the script would see it run (``TargetSpec.args``), feedrate's back after."""
+    kept = sys.argv
+    sys.argv = [target.location, *target.args]
+    try:
+        yield
+    finally:
+        sys.argv = kept
 
 
 def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:

@@ -6,6 +6,7 @@ else is left)."""
 from __future__ import annotations
 
 import os
+import shlex
 import sysconfig
 import traceback
 from collections.abc import Callable
@@ -43,7 +44,15 @@ def run_user(target: object, action: str, fn: Callable[[], _T]) -> _T:
         raise
     except SystemExit as exc:
         where = where_in_user_code(exc)
-        advice = ': guard script code with if __name__ == "__main__":' if "import" in action else ""
+        given = getattr(target, "args", ())
+        advice = (
+            ""
+            if "import" not in action
+            else f" with the arguments {clip(shlex.join(given))} it was given after --"
+            if given
+            else ": give the script its own arguments after -- (feedrate tune train.py:loader -- "
+            '--data DIR), or guard its script code with if __name__ == "__main__"'
+        )
         code = clip(repr(exc.code))
         raise TargetError(f"{target}: {action} called sys.exit({code}){where}{advice}") from exc
     except Exception as exc:
