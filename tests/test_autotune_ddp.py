@@ -67,6 +67,13 @@ def test_the_job_s_other_ranks_are_not_other_processes() -> None:
     # rest of the node's busy CPUs is split between its 2 ranks, which share them.
     assert job.system_busy_cpus == pytest.approx(0.8 + (1.9 - 0.8 - 0.8) / 2)
     assert job.shm_peak_bytes == 4096  # the largest any rank held in flight
+    # On two nodes of one rank each, the slow rank's node is its own: nothing of the fast
+    # rank's load is in its figure, only what its node's other processes used.
+    apart = job_trial([fast, slow], node_of=[0, 1])
+    assert apart.system_busy_cpus == pytest.approx(1.8)  # 0.8 its own + 1.0 others'
+    docs = [rank_figures(t, spent_s=1.0, batch_s=0.01, taken=4) for t in (fast, slow)]
+    fig = job_figures(docs, node_of=[0, 1])
+    assert fig.trial is not None and fig.trial.system_busy_cpus == pytest.approx(1.8)
 
 
 def test_job_figures_reduce_every_rank_s_document() -> None:

@@ -124,7 +124,7 @@ class Job:
         except Exception as exc:
             self.failing(exc)
             raise
-        figures = job_figures(self.gather(mine))
+        figures = job_figures(self.gather(mine), self.channel.ranks.node_of)
         if figures.trial is None:
             return None, figures
         return tuner.conclude_job(figures.trial, figures.spent_s, figures.batch_s), figures

@@ -8,6 +8,7 @@ Pure: plain-data documents in, plain data out."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,16 +44,16 @@ def rank_figures(
     }
 
 
-def job_trial(trials: list[Trial]) -> Trial:
+def job_trial(trials: list[Trial], node_of: Sequence[int] | None = None) -> Trial:
     """The job's trial: the slowest rank's (its spread and processes), with the largest stall
     any rank saw, the longest start-up, every rank's rate in ``rank_rates``, and, as tune reads
-    its trials (``search.ranks``), the busy CPUs within the slowest rank's share of the node
-    and the largest /dev/shm."""
+    its trials (``search.ranks``), the busy CPUs within the slowest rank's share of its node
+    (``node_of[r]``: rank ``r``'s node; None: all on one) and the largest /dev/shm."""
     rates = [t.samples_per_s for t in trials]
     slow = slowest_rank(rates)
     stalls = [t.stall_fraction for t in trials if t.stall_fraction is not None]
     own = [t.main_cpu + t.workers_cpu for t in trials]
-    busy = job_busy([t.system_busy_cpus for t in trials], own, slow)
+    busy = job_busy([t.system_busy_cpus for t in trials], own, slow, node_of)
     shm = largest([t.shm_peak_bytes for t in trials])
     return replace(
         trials[slow],
@@ -64,14 +65,15 @@ def job_trial(trials: list[Trial]) -> Trial:
     )
 
 
-def job_figures(docs: list[dict[str, Any]]) -> JobFigures:
-    """Every rank's ``rank_figures``, in rank order, read as the job's."""
+def job_figures(docs: list[dict[str, Any]], node_of: Sequence[int] | None = None) -> JobFigures:
+    """Every rank's ``rank_figures``, in rank order, read as the job's (``node_of``: each
+    rank's node, as ``job_trial`` takes it)."""
     trials = [Trial.from_dict(d["trial"]) for d in docs if d["trial"] is not None]
     complete = len(trials) == len(docs)
     paces = [float(d["batch_s"]) for d in docs if d["batch_s"] is not None]
     taken = [int(d["taken"]) for d in docs if d["taken"] is not None]
     return JobFigures(
-        trial=job_trial(trials) if complete and trials else None,
+        trial=job_trial(trials, node_of) if complete and trials else None,
         spent_s=max(float(d["spent_s"]) for d in docs),
         batch_s=max(paces) if paces else None,
         switch_at=max(taken) if len(taken) == len(docs) and taken else None,
