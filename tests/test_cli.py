@@ -72,8 +72,15 @@ def test_a_scripts_own_arguments_follow_the_double_dash(tmp_path: Path) -> None:
     title = f"feedrate measure {target} -- --batch-size 16"
     assert "".join(title.split()) in "".join(stdout.split())  # as rich wrapped it
     code, _, stderr = run_cli("measure", target, "--batches", "10", "--batch-size", "16")
-    assert code == 2 and "No such option '--batch-size'" in stderr  # not the script's: before --
-    assert "a script's own arguments go after --" in stderr
+    assert code == 2  # not the script's: before --
+    assert "no such option '--batch-size': a script's own arguments go after --" in stderr
+    assert len(stderr.strip().splitlines()) == 1  # as feedrate's other errors
+    code, _, stderr = run_cli("measure", target, "--batchs", "10")
+    assert (code, stderr.strip()) == (
+        2,
+        "feedrate: error: no such option '--batchs': did you mean '--batches'? "
+        "(see 'feedrate measure --help')",
+    )
 
 
 def test_env_prints_and_writes_json(tmp_path: Path) -> None:

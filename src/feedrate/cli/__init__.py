@@ -7,6 +7,7 @@ measured (``doctor`` prints its report first), 130 interrupted (143 terminated, 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import faulthandler
 import os
 import re
@@ -39,6 +40,26 @@ def in_options(exc: FeedrateError) -> str:
     return message
 
 
+def option_error(exc: click.ClickException) -> str:
+    """A mistake on the command line in one line, as feedrate's other errors are said: click's
+    message and where help is; for an unknown option, feedrate's own it may misspell, or, on a
+    command that takes a TARGET, that a script's own options go after ``--``."""
+    said = exc.format_message().rstrip(".")
+    message = said[:1].lower() + said[1:]  # as feedrate's own: "unknown check 'x'"
+    if isinstance(exc, click.NoSuchOption):
+        name = exc.option_name
+        close = difflib.get_close_matches(name, exc.possibilities or [], n=3, cutoff=0.8)
+        message = f"no such option {name!r}"
+        if close:
+            message += f": did you mean {' or '.join(repr(c) for c in close)}?"
+        elif ranks.ARGV[:1] in (["measure"], ["tune"], ["doctor"]):
+            message += f": a script's own arguments go after -- (TARGET -- {name} ...)"
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    return message
+
+
 def _show_crashes() -> None:
     """A crash in native code in this process (a dataset's ``__getitem__`` that segfaults while
     its batch is made here, with ``num_workers=0``) prints the Python lines it happened at
@@ -68,19 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 standalone_mode=False,
             )
     except click.ClickException as exc:
-        if isinstance(exc, click.NoSuchOption) and ranks.ARGV[:1] in (
-            ["measure"],
-            ["tune"],
-            ["doctor"],
-        ):
-            hint = "(a script's own arguments go after --: TARGET -- --lr 0.1)"
-            exc = click.NoSuchOption(
-                exc.option_name,
-                f"No such option {exc.option_name!r} {hint}.",
-                exc.possibilities,
-                exc.ctx,
-            )
-        exc.show()
+        click.secho(f"feedrate: error: {option_error(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
         # The workers are stopped by now; a second Ctrl-C during exit's own clean-up (atexit

@@ -32,7 +32,7 @@ OPTION_OF = {
 
 def target_arguments(fn: F) -> F:
     """TARGET, then the script's own arguments after ``--`` (its ``sys.argv[1:]`` while it is
-    imported: ``feedrate tune train.py:loader --budget 30 -- --data /mnt/train``)."""
+    imported: ``feedrate tune train.py:loader --budget-s 30 -- --data /mnt/train``)."""
     fn = click.argument(
         "script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS...]"
     )(fn)
