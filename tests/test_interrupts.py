@@ -141,6 +141,7 @@ def test_workers_leave_when_the_run_is_killed(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=default_signals,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # what a killed process leaves: here
     )
     workers = []
     try:
