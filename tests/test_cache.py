@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from library_data import N, hf_dataset, write_tars
 from torch.utils.data import DataLoader
 
 import feedrate
@@ -31,6 +30,7 @@ from feedrate.results.trial import Trial
 from feedrate.results.tune import TuneResult
 from feedrate.workflows.tune import tune
 
+from library_data import N, hf_dataset, write_tars
 from pipelines import TinyDataset
 
 

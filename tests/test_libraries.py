@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from library_data import children, none_left
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, get_worker_info
 
 import feedrate
@@ -29,6 +28,7 @@ from feedrate.results.streams import StreamSamples
 from feedrate.workflows import doctor as doctoring
 
 from faults import CrashInWorkers, Squares
+from library_data import children, none_left
 
 
 class Unsplit(IterableDataset[Any]):

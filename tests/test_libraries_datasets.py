@@ -9,13 +9,14 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from library_data import N, epoch_ids, hf_dataset, none_left
 from torch.utils.data import DataLoader
 
 import feedrate
 from feedrate.loader.batches import sample_counter
 from feedrate.loader.libraries import worker_limit
 from feedrate.workflows import doctor as doctoring
+
+from library_data import N, epoch_ids, hf_dataset, none_left
 
 pytest.importorskip("datasets", reason="datasets is not installed")
 # A stream's tuned answer may keep persistent workers: ended after each test, even where a

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from library_data import N, children, epoch_ids, none_left, write_litdata
 
 import feedrate
 from feedrate.loader.code import code_line
+
+from library_data import N, children, epoch_ids, none_left, write_litdata
 
 litdata = pytest.importorskip("litdata", reason="litdata is not installed")
 # A stream's tuned answer may keep persistent workers: ended after each test, even where a

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from library_data import N, epoch_ids, none_left, stub_unloadable_torchvision, write_mds
 
 import feedrate
 from feedrate.errors import UserError
 from feedrate.workflows import doctor as doctoring
+
+from library_data import N, epoch_ids, none_left, stub_unloadable_torchvision, write_mds
 
 with stub_unloadable_torchvision():
     streaming = pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")

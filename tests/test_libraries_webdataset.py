@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from library_data import N, epoch_ids, none_left, random_crop, write_tars
 from torch.utils.data import DataLoader
 
 import feedrate
@@ -19,6 +18,8 @@ from feedrate.loader.batches import sample_counter
 from feedrate.loader.libraries import worker_limit
 from feedrate.loader.target import load_target
 from feedrate.workflows import doctor as doctoring
+
+from library_data import N, epoch_ids, none_left, random_crop, write_tars
 
 wds = pytest.importorskip("webdataset", reason="webdataset is not installed")
 # A stream's tuned answer may keep persistent workers: ended after each test, even where a

@@ -17,12 +17,11 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import collect
 from feedrate.measuring.measure import over_cpus_note
 from feedrate.render.ranks import measured_ranks_rows
-from feedrate.results.measurement import Measurement, WindowSummary
-from feedrate.results.processes import ProbeReport, ProcessFigures
+from feedrate.results.measurement import Measurement
 from feedrate.results.ranks import RankFacts
-from feedrate.results.spread import Spread
 from feedrate.workflows.measure_node import judged
 
+from builders import measured, rank_facts
 from jobs import left_behind, pythonpath, run_job
 
 TESTS = Path(__file__).resolve().parent
@@ -32,16 +31,11 @@ SRC = TESTS.parent / "src"
 def job_measured(workers: int, cpus: int) -> Measurement:
     """The slowest rank's figures of a 2-rank job (``search.ranks.slowest``), 500 samples/s,
     with the note one process gives on its workers against its CPUs."""
-    config = LoaderConfig(workers)
-    return Measurement(
-        config=config,
-        samples_per_s=500.0,
-        batches_per_s=62.5,
-        spread=Spread.of_rates([490.0, 500.0, 510.0]),
-        startup_s=0.1,
-        epoch_restart_s=[],
-        window=WindowSummary(10, 80, 1.0, 1, "windows", 2, 0.1),
-        processes=ProbeReport(wall_s=1.0, main=ProcessFigures("main", cpu_util=0.3)),
+    return measured(
+        500.0,
+        config=LoaderConfig(workers),
+        workers=0,  # no figures per worker
+        batch=8,
         machine={"cpus_usable": cpus, "cpus_affinity": cpus},
         notes=[n for n in [over_cpus_note(workers, cpus)] if n] + ["rank 1 was the slowest of 2"],
         rank_rates=[520.0, 500.0],
@@ -49,19 +43,12 @@ def job_measured(workers: int, cpus: int) -> Measurement:
 
 
 def facts(rank: int, workers: int, sharded: bool | None, sampler: str) -> RankFacts:
-    return RankFacts(
-        rank=rank,
-        node=0,
-        local_rank=rank,
+    return rank_facts(
+        rank,
         num_workers=workers,
-        prefetch_factor=2,
-        pin_memory=False,
-        threads=1,
-        torch_threads=1,
-        omp_num_threads="1",
         sharded=sharded,
-        dispatch_batches=False,
         sampler=sampler,
+        pin_memory=False,
         dataset_len=256,
     )
 

@@ -31,11 +31,10 @@ from feedrate.results.ranks import RankFacts
 from feedrate.workflows import doctor_node
 from feedrate.workflows.doctor_node import NODE_CHECKS, meet, on_the_node
 
+from builders import GiB, MiB
+from builders import rank_facts as healthy_rank
 from jobs import pythonpath, run_job
 from pipelines import ShardedStream, SleepDataset
-
-GiB = 2**30
-MiB = 2**20
 
 #: A node of 8 usable CPUs, 64 GiB and 16 GiB of /dev/shm, with a GPU.
 NODE = {
@@ -47,28 +46,7 @@ NODE = {
 }
 
 
-def rank(r: int, node: int = 0, local: int | None = None, **changes: object) -> RankFacts:
-    """A healthy rank: 2 workers, its own shard, 1 intra-op thread, 1 GiB, small batches."""
-    facts = RankFacts(
-        rank=r,
-        node=node,
-        local_rank=r if local is None else local,
-        num_workers=2,
-        prefetch_factor=2,
-        pin_memory=True,
-        threads=1,
-        torch_threads=1,
-        omp_num_threads="1",
-        sharded=True,
-        dispatch_batches=False,
-        batch_bytes=MiB,
-        memory_bytes=GiB,
-        pinned_bytes=5 * MiB,
-        shm_in_flight_bytes=4 * MiB,
-        sampler="DistributedSampler",
-        dataset_len=1000,
-    )
-    return replace(facts, **changes)  # type: ignore[arg-type]
+rank = healthy_rank  # but for ``changes``
 
 
 def job(n: int, **changes: object) -> list[RankFacts]:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 
 from feedrate.loader.config import LoaderConfig
-from feedrate.results.measurement import Measurement, WindowSummary
-from feedrate.results.processes import ProbeReport, ProcessFigures
-from feedrate.results.spread import Spread
+from feedrate.results.measurement import Measurement
 from feedrate.results.trial import Trial
 from feedrate.search.advice import reason
 from feedrate.search.bottleneck import bottleneck
 from feedrate.search.ranks import job_busy, slowest
 from feedrate.search.space import Space
+
+from builders import measured
 
 #: A rank's share of a 2-CPU node shared by 2 ranks.
 SHARE = 1
@@ -27,23 +27,8 @@ def rank(
 ) -> Measurement:
     """One rank's measurement: ``each`` worker's CPU and time ``queued`` for one (1.0 = a
     core), ``node_busy``: the busy CPUs the rank read on its node (all its ranks' included)."""
-    return Measurement(
-        config=LoaderConfig(workers, prefetch_factor=2, persistent_workers=True),
-        samples_per_s=rate,
-        batches_per_s=rate / 16,
-        spread=Spread.of_rates([rate * 0.98, rate, rate * 1.02]),
-        startup_s=0.5,
-        epoch_restart_s=[],
-        window=WindowSummary(10, 80, 1.0, 1, "windows", 2, 0.1),
-        processes=ProbeReport(
-            wall_s=1.0,
-            main=ProcessFigures("main", cpu_util=main_cpu),
-            workers=[
-                ProcessFigures("worker", cpu_util=each, runq_util=queued) for _ in range(workers)
-            ],
-            system_busy_cpus=node_busy,
-        ),
-        machine={},
+    return measured(
+        rate, workers=workers, main_cpu=main_cpu, each=each, queued=queued, node_busy=node_busy
     )
 
 

@@ -28,11 +28,11 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.loader.shards import sharded
 from feedrate.machine.facts import collect
 from feedrate.results.findings import Finding, over_ranks
-from feedrate.results.measurement import Measurement, WindowSummary
-from feedrate.results.processes import ProbeReport, ProcessFigures
+from feedrate.results.measurement import Measurement
 from feedrate.results.spread import Spread
 from feedrate.search.ranks import slowest
 
+from builders import measured as built
 from faults import default_signals
 from jobs import left_behind, pythonpath, run_job
 from pipelines import SleepDataset, TinyDataset, UnshardedStream
@@ -42,25 +42,8 @@ SRC = TESTS.parent / "src"
 
 
 def measured(rate: float, main_cpu: float, busy: float) -> Measurement:
-    return Measurement(
-        config=LoaderConfig(2),
-        samples_per_s=rate,
-        batches_per_s=rate / 8,
-        spread=Spread.of_rates([rate * 0.98, rate, rate * 1.02]),
-        startup_s=0.1,
-        epoch_restart_s=[],
-        window=WindowSummary(10, 80, 1.0, 1, "windows", 2, 0.1),
-        processes=ProbeReport(
-            wall_s=1.0,
-            main=ProcessFigures("main", cpu_util=main_cpu),
-            workers=[
-                ProcessFigures("worker", cpu_util=0.2),
-                ProcessFigures("worker", cpu_util=0.2),
-            ],
-            shm_peak_bytes=int(rate),
-            system_busy_cpus=busy,
-        ),
-        machine={},
+    return built(
+        rate, config=LoaderConfig(2), main_cpu=main_cpu, node_busy=busy, shm=int(rate), batch=8
     )
 
 
