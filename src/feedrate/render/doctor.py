@@ -30,8 +30,18 @@ def _trial_row(t: Trial, report: Report) -> tuple[str, ...]:
         f"{rate(t.median)} {noise_of(t)}{runs}",
         f"{t.main_cpu:.0%} / {t.workers_cpu:.0%}",
         stall,
-        "",
+        _bottleneck_note(t, report),
     )
+
+
+def _bottleneck_note(t: Trial, report: Report) -> str:
+    """The bottleneck of an alternative, beside it, where the finding read it there and it
+    differs from yours (the summary's ``bottleneck`` row is yours)."""
+    other = report.alternative_bottleneck
+    if other is None or t is report.trials[0] or t.config.to_dict() != other.get("config"):
+        return ""
+    kind = str(other.get("kind", ""))
+    return f"bottleneck here: {BOTTLENECK_LABELS.get(kind, kind)}"
 
 
 def doctor_trials(report: Report) -> Table:
@@ -80,8 +90,9 @@ def doctor_summary(report: Report) -> Table:
         alone = report.consumer_alone_samples_per_s
         pace = f"; alone {rate(alone)} samples/s" if alone else ""
         rows.append(("consumer", f"{report.consumer.get('kind')}{pace}"))
-    if report.bottleneck:
-        rows.append(("bottleneck", BOTTLENECK_LABELS.get(report.bottleneck, report.bottleneck)))
+    if report.bottleneck:  # yours: an alternative's, where it differs, is beside it
+        label = BOTTLENECK_LABELS.get(report.bottleneck, report.bottleneck)
+        rows.append(("bottleneck", f"{label} at your settings"))
     # "ran", not "ok": a step that ran may have found what it looks for (duplicates).
     said = {"ok": "ran", "skipped": "skipped ({})"}
     steps = " · ".join(

@@ -4,8 +4,9 @@ saved report renders again without running the pipeline (``feedrate report``).
 Schema ``feedrate.doctor/1`` (see ``Report.to_dict``): ``schema``, ``feedrate_version``,
 ``machine``, ``target``, ``config`` (the settings examined), ``batch_size``, ``consumer``,
 ``findings`` (each ``id``, ``severity``, ``message``, ``fix``; errors first), ``problems`` (how
-many findings are errors or warnings), ``bottleneck`` (the pipeline's class), ``trials`` (the
-configurations measured, as in ``feedrate.tune/1``), ``loader_alone`` and
+many findings are errors or warnings), ``bottleneck`` (the class of your settings),
+``alternative_bottleneck`` (the bottleneck finding's, where read at another configuration),
+``trials`` (the configurations measured, as in ``feedrate.tune/1``), ``loader_alone`` and
 ``consumer_alone_samples_per_s`` (with a consumer), ``evidence`` (what the experiments saw),
 ``checks`` (each check's ``name``, ``status`` ok / failed / skipped, ``seconds``, ``detail``),
 ``seconds``, ``pipeline_error``; ``ranks`` in every rank of a distributed job (the job's
@@ -58,7 +59,11 @@ class Report:
     findings: list[Finding]
     checks: list[CheckRun]
     seconds: float
+    #: What limits your settings (the ``search.bottleneck`` vocabulary), for the header.
     bottleneck: str = ""
+    #: Where the ``bottleneck`` finding was read at another configuration measured and names a
+    #: different kind: ``{"config": ..., "kind": ...}``, shown beside that one; else None.
+    alternative_bottleneck: dict[str, Any] | None = None
     trials: list[Trial] = field(default_factory=list)
     loader_alone: Trial | None = None
     consumer_alone_samples_per_s: float | None = None
@@ -99,6 +104,7 @@ class Report:
             "findings": [f.to_dict() for f in by_severity(self.findings)],
             "problems": len(self.problems),
             "bottleneck": self.bottleneck,
+            "alternative_bottleneck": self.alternative_bottleneck,
             "trials": [t.to_dict() for t in self.trials],
             "loader_alone": None if self.loader_alone is None else self.loader_alone.to_dict(),
             "consumer_alone_samples_per_s": self.consumer_alone_samples_per_s,
@@ -127,6 +133,7 @@ class Report:
             checks=[CheckRun.from_dict(c) for c in d.get("checks", [])],
             seconds=d.get("seconds", 0.0),
             bottleneck=d.get("bottleneck", ""),
+            alternative_bottleneck=d.get("alternative_bottleneck"),
             trials=[Trial.from_dict(t) for t in d.get("trials", [])],
             loader_alone=None if alone is None else Trial.from_dict(alone),
             consumer_alone_samples_per_s=d.get("consumer_alone_samples_per_s"),

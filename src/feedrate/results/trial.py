@@ -170,7 +170,12 @@ class Trial:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The trial as JSON: ``samples_per_s`` is the rate shown and compared (``median``), the
+        figure of the console's samples/s column; ``aggregate_samples_per_s`` is the field
+        ``samples_per_s`` (samples over seconds across the windows)."""
         out = dict(self.__dict__)
+        out["samples_per_s"] = self.median if self.spread is not None else self.samples_per_s
+        out["aggregate_samples_per_s"] = self.samples_per_s
         out["config"] = self.config.to_dict()
         out["spread"] = None if self.spread is None else self.spread.to_dict()
         out["epoch_restart_s"] = list(self.epoch_restart_s)
@@ -179,6 +184,8 @@ class Trial:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trial:
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        if "aggregate_samples_per_s" in d:  # written by to_dict: samples_per_s is the median
+            known["samples_per_s"] = d["aggregate_samples_per_s"]
         known["config"] = LoaderConfig.from_dict(d["config"])
         known["spread"] = None if d.get("spread") is None else Spread.from_dict(d["spread"])
         return cls(**known)

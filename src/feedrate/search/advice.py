@@ -10,6 +10,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck, busy_words
 from feedrate.search.space import (
+    NOISE_FLOOR,
     Space,
     beats,
     behind,
@@ -19,6 +20,8 @@ from feedrate.search.space import (
     fastest,
     others_busy,
     series,
+    shortfall,
+    tolerance,
 )
 from feedrate.units import rate, size
 
@@ -64,17 +67,30 @@ def verdicts(space: Space, trials: list[Trial], best: Trial, aside: Trial | None
 def _behind(top: Trial, t: Trial, best: Trial) -> str:
     """Why ``t`` is not the answer ``best`` where the fastest ``top`` decides (``behind``)."""
     gap = behind(top, t)
+    if t is top and gap is None:  # the fastest, but the answer is as good for less
+        return "fastest, but the recommended costs less within its noise" + _gap_words(best, t)
     if gap is None:  # as good as the fastest, and no cheaper than the answer
-        return "within noise of the fastest"
+        return "within noise of the fastest" + _gap_words(t, top)
     if gap == "outpaced":
         return (
             f"within the noise, but outpaced by {top.config.label()} side by side "
-            f"({1 - t.median / top.median:.0%} slower over "
+            f"({shortfall(t, top):.0%} slower over "
             f"{min(t.repeats, top.repeats)} runs each)"
         )
     if not beats(best, t):  # e.g. a hair faster than the cheaper recommendation
-        return "within noise of the recommended"
-    return f"{1 - t.median / best.median:.0%} slower" if best.median > 0 else "slower"
+        return "within noise of the recommended" + _gap_words(t, best)
+    return f"{shortfall(t, best):.0%} slower" if best.median > 0 else "slower"
+
+
+def _gap_words(t: Trial, than: Trial) -> str:
+    """Where ``t`` is within the noise of ``than`` yet reads ``NOISE_FLOOR`` or more slower in
+    the table, both figures, in the same terms (``shortfall``, ``tolerance``): the gap and the
+    gap it takes to tell the two apart. Nothing where the gap is smaller."""
+    gap, takes = shortfall(t, than), tolerance(t, than)
+    if gap < NOISE_FLOOR:
+        return ""
+    digits = 0 if f"{gap:.0%}" != f"{takes:.0%}" else 1
+    return f" ({gap:.{digits}%} slower; telling them apart takes more than {takes:.{digits}%})"
 
 
 def judge_persistent(best: Trial, epoch_samples: int | None) -> dict[str, Any]:

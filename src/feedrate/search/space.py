@@ -120,8 +120,23 @@ def noise(a: Trial, b: Trial) -> float:
 
 
 def beats(b: Trial, a: Trial) -> bool:
-    """``b`` is faster than ``a`` by more than the noise of either."""
+    """``b`` is faster than ``a`` by more than the noise of either: the same as ``a``'s
+    ``shortfall`` behind ``b`` over its ``tolerance``."""
     return b.median > a.median * (1 + noise(a, b))
+
+
+def shortfall(t: Trial, than: Trial) -> float:
+    """How much slower ``t`` is than ``than``: the share of ``than``'s rate it lacks (negative
+    where faster; 0 where ``than`` has no rate), the "N% slower" of the verdicts."""
+    return 1 - t.median / than.median if than.median > 0 else 0.0
+
+
+def tolerance(t: Trial, than: Trial) -> float:
+    """The most ``shortfall(t, than)`` may be with ``t`` still within the noise of ``than``:
+    ``beats``'s margin (``noise``) as a share of the faster rate, so a verdict can print the
+    gap and the noise in the same terms."""
+    n = noise(t, than)
+    return n / (1 + n)
 
 
 #: Measured this many times, interleaved with the leader, a trial the leader outpaces by more

@@ -387,7 +387,7 @@ class _Doctor:
             findings=self.findings(),
             checks=self.runs,
             seconds=time.monotonic() - self.started,
-            bottleneck=self.compared.bottleneck_kind(),
+            **self.compared.bottlenecks(),  # yours, and the finding's where read elsewhere
             trials=self.compared.all_trials,
             loader_alone=self.compared.loader_alone,
             consumer_alone_samples_per_s=self.compared.consumer_alone,

@@ -10,7 +10,7 @@ without it (the loader alone), and the consumer is timed alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from torch.utils.data import DataLoader
 
@@ -41,6 +41,15 @@ LATENCY_CAP = 64
 #: raises ``PipelineError`` when the pipeline fails. The default runs ``measure``; tests pass
 #: a fake, so the comparison's choices are tested on known figures, not on the machine's speed.
 MeasureTrial = Callable[[LoaderConfig, str, Consumer | None], Trial]
+
+
+class Bottlenecks(TypedDict):
+    """``Report``'s bottleneck fields: the kind at your settings, and the kind the bottleneck
+    finding names where it was read at another configuration and differs (its ``config`` as
+    a dict, its ``kind``), else None."""
+
+    bottleneck: str
+    alternative_bottleneck: dict[str, Any] | None
 
 
 def refuse_overflow(
@@ -259,3 +268,24 @@ class Comparison:
             return ""
         cpus, batch_size = self.facts.cpus_usable, self.loader.batch_size
         return bottleneck_kind(subject, cpus, batch_size, pace, no_workers)
+
+    def bottlenecks(self) -> Bottlenecks:
+        """The kind at your settings, for the report's header, and, where the finding's kind
+        (``bottleneck_kind``) was read at another configuration and differs, that one, to be
+        shown beside it. Where the best is yours, or with a consumer (judged at yours), the
+        finding's kind is yours, read with the alternatives as evidence."""
+        subject, _, _ = self.subject()
+        found, base = self.bottleneck_kind(), self.baseline
+        if base is None or not base.measured or subject is None or subject.config == base.config:
+            return {"bottleneck": found, "alternative_bottleneck": None}
+        best = self.best is not None and self.best.config == base.config
+        mine = found if best else self._kind_alone(base)
+        elsewhere = {"config": subject.config.to_dict(), "kind": found}
+        return {"bottleneck": mine, "alternative_bottleneck": None if found == mine else elsewhere}
+
+    def _kind_alone(self, base: Trial) -> str:
+        """``classify`` of your settings where a faster configuration was measured. Without
+        workers and its main process computing, that is main-process-bound: "no-workers"
+        (fastest without workers) would claim what the faster one disproves."""
+        kind = classify(base, self.facts.cpus_usable, self.loader.batch_size)
+        return "main-process" if kind == "no-workers" else kind
