@@ -3,6 +3,7 @@ two-epoch loop trains on it, and dispatch_batches is named for what it costs."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import sys
@@ -11,10 +12,15 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from torch.utils.data import DataLoader
 
 import feedrate
 from feedrate.integrations import loader_from
+from feedrate.loader.batches import batch_size_of
+from feedrate.render.run import loader_block
+from feedrate.results.run import LoaderRun
+from feedrate.running.observer import Watch
 
 accelerate = pytest.importorskip(
     "accelerate", reason="accelerate is not installed (feedrate[accelerate])"
@@ -56,6 +62,7 @@ def test_the_prepared_loader_trains_two_epochs_on_the_tuned_one(
     assert inner is not None and type(inner) is DataLoader and inner.num_workers == 0
     result = tune_prepared(acc, loader, **TUNE)
     assert result.best.config.num_workers > 0
+    assert result.batch_size == BATCH  # the batch sampler's: accelerate's DataLoader has none
     tuned = loader.base_dataloader
     assert tuned is not inner and tuned.dataset is inner.dataset
     out = [line for line in capsys.readouterr().out.splitlines() if "feedrate" in line]
@@ -179,3 +186,25 @@ def test_autotune_under_torchrun_keeps_the_shuffled_order_of_every_rank(tmp_path
     plain, tuned = orders
     assert len(plain) == 4 and len(set(plain)) == 4  # 2 ranks × 2 epochs, each shuffled
     assert tuned == plain
+
+
+def test_feedrate_run_gives_a_prepared_loader_s_batch_size() -> None:
+    _, _, loader = prepared()
+    assert loader.batch_size is None  # accelerate builds it from a batch_sampler
+    assert Watch(loader, "train.py:9", None, 0.0).batch_size == BATCH
+    assert Watch(loader.base_dataloader, "train.py:9", None, 0.0).batch_size == BATCH
+    # Each of two processes splitting every batch of 8 (split_batches) gets 4.
+    split = accelerate.data_loader.BatchSamplerShard(
+        loader.batch_sampler, num_processes=2, process_index=0, split_batches=True
+    )
+    assert batch_size_of(DataLoader(loader.dataset, batch_sampler=split)) == BATCH // 2
+
+
+def test_feedrate_run_leaves_an_unknown_batch_size_out() -> None:
+    console = Console(width=200, record=True, file=io.StringIO())
+    for size in (None, BATCH):
+        console.print(
+            loader_block(LoaderRun("train.py:9", feedrate.LoaderConfig(), 1, batch_size=size))
+        )
+    text = console.export_text()
+    assert "batch_size None" not in text and text.count(f"batch_size {BATCH} ·") == 1

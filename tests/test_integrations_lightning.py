@@ -3,6 +3,7 @@ the loader the fit loop iterated has the settings feedrate chose (or is autotune
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -18,7 +19,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import feedrate
+from feedrate.checks.stall import findings, next_step
 from feedrate.integrations import shared
+from feedrate.results.run import LoaderRun
 
 pl = pytest.importorskip(
     "lightning.pytorch", reason="Lightning is not installed (feedrate[lightning])"
@@ -293,3 +296,54 @@ def test_online_under_ddp_needs_the_loader_s_own_distributed_sampler(said: list[
         assert isinstance(auto, feedrate.AutoLoader) and len(auto) == N // BATCH // 2
     finally:
         auto.close()
+
+
+def observed(handed_over: bool) -> LoaderRun:
+    """A training loader of Lightning's, as ``feedrate run`` saw it: it waited 9 s of a 10 s
+    loop with w=2, either tuned by the callback in the script or set so by the user."""
+    return LoaderRun(
+        created_at="train.py:9",
+        config=feedrate.LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True),
+        pid=1,
+        batch_size=BATCH,
+        epochs=1,
+        batches=20,
+        samples=20 * BATCH,
+        wait_s=9.0,
+        step_s=1.0,
+        startup_s=0.1,
+        built_by="lightning",
+        handed_over=handed_over,
+    )
+
+
+def test_feedrate_run_calls_the_callback_s_answer_the_tuned_settings_not_yours() -> None:
+    tuned, yours = observed(handed_over=True), observed(handed_over=False)
+    stall = {f.id: f.message for f in findings(tuned, {}, 2)}["data-stall"]
+    assert stall.startswith("with the tuned settings (w=2 pf=2 persistent) the consumer waits")
+    steps = " | ".join(next_step(tuned, ["train.py"], 2))
+    assert "--autotune" not in steps and "FeedrateCallback()" not in steps  # already tuned
+    # A loader the user configured is still the user's.
+    stall = {f.id: f.message for f in findings(yours, {}, 2)}["data-stall"]
+    assert stall.startswith("with your settings (w=2 pf=2 persistent) the consumer waits")
+    steps = " | ".join(next_step(yours, ["train.py"], 2))
+    assert "feedrate run --autotune train.py" in steps and "FeedrateCallback()" in steps
+
+
+def test_feedrate_run_records_the_callback_s_loader_as_handed_over(tmp_path: Path) -> None:
+    scripts = Path(__file__).resolve().parent / "run_scripts"
+    out = tmp_path / "run.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "feedrate", "run", "--json", str(out), "lightning_callback.py"],
+        capture_output=True,
+        text=True,
+        cwd=scripts,
+        timeout=240,
+        env={**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (train,) = json.loads(out.read_text())["loaders"]
+    assert train["handed_over"] is True and train["batch_size"] == 8
+    said = [f["message"] for f in train["findings"]] + train["next_step"]
+    assert not [s for s in said if "your settings" in s]
+    assert not [s for s in said if "--autotune" in s or "FeedrateCallback()" in s]

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 import feedrate
 from feedrate.integrations import loader_from
 from feedrate.loader.config import LoaderConfig
+from feedrate.running.observer import Watch
 
 hf = pytest.importorskip(
     "transformers", reason="transformers is not installed (feedrate[transformers])"
@@ -189,3 +190,11 @@ def test_loaders_the_trainer_builds_after_tune_trainer_do_not_warn_of_many_worke
 
     assert not warned(t.get_train_dataloader)
     assert warned(lambda: type(t).get_train_dataloader(t))  # without the wrapper, it warns
+
+
+def test_feedrate_run_gives_the_trainer_s_loader_its_batch_size(tmp_path: Path) -> None:
+    loader = trainer(tmp_path).get_train_dataloader()
+    inner = loader_from(loader)
+    assert inner is not None and inner.batch_size is None  # built from a batch_sampler
+    assert Watch(loader, "train.py:9", None, 0.0).batch_size == BATCH
+    assert Watch(inner, "train.py:9", None, 0.0).batch_size == BATCH

@@ -16,7 +16,7 @@ from feedrate.checks.machine import pin_memory_finding
 from feedrate.checks.workers import data_stall_finding, startup_finding
 from feedrate.loader.words import BY_TRAINER, in_words_of
 from feedrate.results.findings import Finding, FindingDoc
-from feedrate.results.run import LoaderRun, Role
+from feedrate.results.run import AutotuneChange, LoaderRun, Role
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import LABELS, MAIN_BUSY, Bottleneck, bottleneck
@@ -27,6 +27,11 @@ from feedrate.search.space import STALL_MARGIN
 EVAL_SHARE = 0.5
 #: Workers suggested make batches this much faster than the loop steps.
 WORKER_MARGIN = 0.1
+#: Batches a loader must deliver past each epoch's first (which waits for start-up) and past
+#: those its workers queue while it does (``num_workers * prefetch_factor``: they come at once)
+#: before its figures advise anything: a crash after a handful of batches shows what ran, not
+#: what the loop needs.
+MIN_STEADY_BATCHES = 5
 #: No finding ids of this module's own (see the docstring).
 DOCS: tuple[FindingDoc, ...] = ()
 
@@ -94,14 +99,35 @@ def observed_trial(ld: LoaderRun) -> Trial:
     )
 
 
-def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck:
+def steady_batches(ld: LoaderRun) -> int:
+    """The batches that tell the loop's steady pace: those past each epoch's first and past
+    the queue the workers of the loader's own settings filled at start-up."""
+    queued = ld.config.num_workers * (ld.config.prefetch_factor or 2)
+    return max(0, ld.batches - ld.epochs - queued)
+
+
+def too_little(ld: LoaderRun) -> str | None:
+    """What the run saw of ``ld``, where too little to advise on (fewer than
+    ``MIN_STEADY_BATCHES`` steady batches); None where enough."""
+    steady = steady_batches(ld)
+    if steady >= MIN_STEADY_BATCHES:
+        return None
+    return (
+        f"{ld.batches:,} batch(es) in {ld.epochs} epoch(s) over {ld.loop_s:.2f} s of loop "
+        f"({steady} past start-up, where advice needs {MIN_STEADY_BATCHES})"
+    )
+
+
+def bottleneck_of(ld: LoaderRun, cpus: int) -> Bottleneck | None:
     """What limits the loop: "consumer" when it waits for data at most ``STALL_MARGIN`` of its
     time; without workers, "main-process" when the main thread computed while it waited,
     else "latency"; with workers, what ``search.bottleneck`` reads from where their CPU time
     went, as for a trial of ``tune``: the main thread busy receiving, workers that use or queue
     for a CPU (a busy machine's workers wait in the run queue, not on I/O: "cpu"), or workers
     mostly asleep ("latency"). Once ``--autotune`` tuned it, its settled stall decides whether
-    it still waits."""
+    it still waits. None where the run saw too little of it to tell (``too_little``)."""
+    if too_little(ld) is not None:
+        return None
     stall = ld.settled_stall or 0.0
     if ld.tuned:
         return "consumer" if stall <= STALL_MARGIN else "unknown"
@@ -205,21 +231,26 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> l
     if ld.tuned and tuned is not None and tuned.after is not None:
         kwargs = ", ".join(f"{k}={v!r}" for k, v in tuned.after.kwargs().items())
         moved = (
-            f"autotune kept {tuned.after.label()} (stall "  # not "moved w=0 → w=0"
+            f"autotune kept {tuned.after.label()} ("  # not "moved w=0 → w=0"
             if tuned.after == tuned.before
-            else f"autotune moved {tuned.before.label()} → {tuned.after.label()} (stall "
+            else f"autotune moved {tuned.before.label()} → {tuned.after.label()} ("
         )
         if tuned.settled:
             steps.append(
-                f"{moved}{_pct(tuned.stall_before)} with your settings → "
-                f"{_pct(tuned.stall_after)} once tuned); to keep it without autotune: "
+                f"{moved}{_stalls(tuned, 'once tuned')}); to keep it without autotune: "
                 + in_words_of(words_of(ld), f"DataLoader(..., {kwargs})")
             )
         else:  # a trial, not an answer: keeping it by hand could keep a configuration it left
             steps.append(
-                f"{moved}{_pct(tuned.stall_before)} with your settings), a trial: it was still "
-                "tuning when the run ended; a longer run lets it settle on settings to keep"
+                f"{moved}{_stalls(tuned, 'over the last half of the batches')}), a trial: it was "
+                "still tuning when the run ended; a longer run lets it settle on settings to keep"
             )
+    seen = too_little(ld)
+    if seen is not None:  # what it saw is in the report; advice would rest on almost nothing
+        return [
+            *steps,
+            f"too little observed to advise: {seen}; run it longer (more batches) for advice",
+        ]
     stall = ld.settled_stall or 0.0
     if ld.bottleneck == "consumer":
         return [
@@ -248,12 +279,12 @@ def next_step(ld: LoaderRun, command: list[str], cpus: int, ranks: int = 1) -> l
             f"to make batches as fast as the loop steps; up to {saved:,.1f} s of the "
             f"{ld.loop_s:,.1f} s loop ({stall:.0%}) was spent waiting"
         )
-    if tuned is None:
+    if tuned is None and not ld.handed_over:  # --autotune leaves feedrate's answers as they are
         steps.append(f"feedrate run --autotune {shlex.join(command)}")
     step_s = ld.step_s / ld.batches if ld.batches else 0.0
     if ld.name:
         steps.append(f"feedrate tune {ld.name} --step-time {step_s:.3g}")
-    elif not ld.tuned:  # autotuned already: the first step says how to keep its answer
+    elif not ld.tuned and not ld.handed_over:  # tuned already: in code, or by --autotune
         line = INTEGRATION_LINES[ld.built_by or "plain"]
         steps.append(f"in code, at {ld.created_at}: {line}")
     return steps
@@ -278,24 +309,41 @@ def words_of(ld: LoaderRun) -> str:
     return BY_TRAINER if ld.built_by == "transformers" else ld.loader_type
 
 
-def _pct(value: float | None) -> str:
-    return "not measured" if value is None else f"{value:.0%}"
+def _stalls(tuned: AutotuneChange, after: str) -> str:
+    """The stall with the user's settings and with autotune's (``after`` says over what), or
+    why the first is not known: autotune did not run them."""
+    late = "not measured" if tuned.stall_after is None else f"{tuned.stall_after:.0%}"
+    if tuned.stall_before is None:
+        start = tuned.started_from or "other settings"
+        return f"stall {late} {after}; your settings did not run: autotune started from {start}"
+    return f"stall {tuned.stall_before:.0%} with your settings → {late} {after}"
 
 
 def findings(ld: LoaderRun, machine: dict[str, Any], cpus: int) -> list[Finding]:
     """The doctor's findings that the observation supports, most important first (``cpus``:
-    the usable CPUs)."""
+    the usable CPUs): where it saw too little (``too_little``), only those of its settings;
+    ``startup-cost`` only where workers started again (more than one epoch)."""
     trial = observed_trial(ld)
     found: list[Finding] = []
     kind: Bottleneck = ld.bottleneck or "unknown"  # type: ignore[assignment]
-    whose = "autotune's" if trial.config != ld.config else "your"
+    whose = "the tuned" if ld.handed_over else "your"
+    if trial.config != ld.config:  # while still tuning, the stall mixes autotune's trials
+        whose = (
+            "autotune's" if ld.autotune is not None and ld.autotune.settled else "autotune's latest"
+        )
     copies = ld.stream_kept if ld.stream_copies else None  # more workers add copies: no fix
+    if too_little(ld) is not None:  # facts of its settings, not judgements of its figures
+        pinned = pin_memory_finding(trial, machine)
+        known = [copies_in_run_finding(copies, ld.config.num_workers)] if copies else []
+        return known + ([pinned] if pinned is not None else [])
     fix = "split the stream by worker first (iterable-duplicates)" if copies else _fix(ld, kind)
     stall = data_stall_finding(trial, fix, whose)
     if stall is not None and ld.role == "train":
         found.append(stall)
     epoch_samples = ld.epoch_batches * ld.batch_size if ld.epoch_batches and ld.batch_size else None
-    for extra in (startup_finding(trial, epoch_samples), pin_memory_finding(trial, machine)):
+    # Workers start again at each epoch after the first: with one, persistent ones save nothing.
+    restarts = startup_finding(trial, epoch_samples) if ld.epochs > 1 else None
+    for extra in (restarts, pin_memory_finding(trial, machine)):
         if extra is not None:
             found.append(extra)
     if copies:  # its rates count copies: no bottleneck is read from them
@@ -310,9 +358,19 @@ def verdict(train: list[LoaderRun], evaluation: list[LoaderRun]) -> str:
         return "no DataLoader was iterated (in the processes feedrate could follow)"
     if not train:
         return "only evaluation loaders were iterated (taken with autograd off)"
-    worst = max(train, key=lambda ld: ld.settled_stall or 0.0)
+    judged = [ld for ld in train if too_little(ld) is None]
+    if not judged:  # short: how much it saw is in the loader's next step
+        most = max(train, key=lambda ld: ld.batches)
+        return f"too little observed to advise: {most.batches:,} batch(es), at {most.label}"
+    worst = max(judged, key=lambda ld: ld.settled_stall or 0.0)
     stall = worst.settled_stall or 0.0
-    tuned = " once autotune tuned it" if worst.tuned else ""
+    tuned = ""
+    if worst.tuned and worst.autotune is not None:
+        tuned = (
+            " once autotune tuned it"
+            if worst.autotune.settled
+            else " over the last half of its batches, while autotune was still tuning it"
+        )
     if stall <= STALL_MARGIN:
         return (
             f"training does not wait on data{tuned} (at most {stall:.0%} of the loop): the "

@@ -131,6 +131,22 @@ def sample_counter(loader: DataLoader[Any]) -> Callable[[Any], int]:
     return lambda batch: count_samples(batch, default, collated)
 
 
+def batch_size_of(loader: DataLoader[Any]) -> int | None:
+    """Samples in one batch: ``loader.batch_size``, else its batch sampler's where it says
+    (a DataLoader built with ``batch_sampler=``, as accelerate and the transformers Trainer
+    build theirs: a ``BatchSampler``, accelerate's ``BatchSamplerShard``, whose
+    ``split_batches`` gives each process its share), else None: unknown."""
+    if loader.batch_size is not None:
+        return loader.batch_size
+    batches = loader.batch_sampler
+    size = getattr(batches, "batch_size", None)
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return None
+    if getattr(batches, "split_batches", False):
+        size //= max(1, int(getattr(batches, "num_processes", 1)))
+    return size or None
+
+
 def epoch_length(loader: DataLoader[Any]) -> int | None:
     if is_iterable_style(loader):
         return None  # its __len__, if any, is only a hint

@@ -92,8 +92,9 @@ def _facts(ld: LoaderRun) -> list[str]:
     if restarts:
         mean = sum(ld.epoch_restart_s) / restarts
         again = f" (then {_seconds(mean)} at each of {restarts} restarts)"
+    batch = "" if ld.batch_size is None else f" · batch_size {ld.batch_size}"  # unknown: left out
     return [
-        f"{ld.config.label()} · batch_size {ld.batch_size} · {ld.epochs} epoch(s) · "
+        f"{ld.config.label()}{batch} · {ld.epochs} epoch(s) · "
         f"{ld.loader_type} of {ld.dataset_type}",
         f"{ld.batches:,} batches · {ld.samples:,} samples · {rate(per_s)} samples/s",
         f"waited {_seconds(ld.wait_s)} in next() · stepped {_seconds(ld.step_s)} · "
@@ -128,7 +129,12 @@ def loader_block(ld: LoaderRun, *, detail: bool = True) -> RenderableType:
             )
         )
     if detail:
-        parts.append(findings_list(ld.findings))
+        if ld.findings or ld.bottleneck is not None:
+            parts.append(findings_list(ld.findings))
+        else:  # no bottleneck read: it saw too little to judge, not "no problems"
+            parts.append(
+                Text("not judged: too little observed (see the next step)", style="yellow")
+            )
         if ld.next_step:
             steps = Text()
             steps.append("next step", style="bold green")

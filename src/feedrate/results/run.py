@@ -149,6 +149,8 @@ class LoaderRun:
     main_queued_in_next: float | None = None
     #: The trainer whose code built it ("transformers", "accelerate", "lightning"), if any.
     built_by: str | None = None
+    #: feedrate's answer already (``result.loader()``: an integration tuned it in the script).
+    handed_over: bool = False
     grad_off_batches: int = 0
     batch_bytes: int | None = None
     workers: WorkerUse = field(default_factory=WorkerUse)

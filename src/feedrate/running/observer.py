@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from feedrate.loader.batches import batch_nbytes, epoch_length, sample_counter
+from feedrate.loader.batches import batch_nbytes, batch_size_of, epoch_length, sample_counter
 from feedrate.loader.rebuild import built_for_the_user, config_of
 from feedrate.measuring import runqueue
 from feedrate.results.run import AutotuneChange, LoaderRun, WorkerUse
@@ -50,14 +50,13 @@ class Watch:
     """What one loader did, summed as it runs (seconds on ``time.perf_counter``)."""
 
     def __init__(self, loader: DataLoader[Any], site: str, module: str | None, origin: float):
-        self.loader = weakref.ref(loader)
-        self.site, self.module = site, module
+        self.loader, self.site, self.module = weakref.ref(loader), site, module
         self.key: tuple[object, ...] = ()  # what tells it apart from other loaders (Registry)
         self.config = config_of(loader)
         self.loader_type = type(loader).__name__
         self.dataset_type = type(loader.dataset).__name__
         self.dataset_id = id(loader.dataset)
-        self.batch_size = loader.batch_size
+        self.batch_size = batch_size_of(loader)
         self.epoch_batches = epoch_length(loader)
         self.count = sample_counter(loader)
         self.epochs = self.batches = self.samples = self.grad_off = 0
@@ -161,6 +160,7 @@ class Watch:
             main_cpu_in_next=self.cpu_in_next / self.wait if self.wait > 0 else None,
             main_queued_in_next=self.queued_in_next / self.wait if self.wait > 0 else None,
             built_by=str(self.key[2]) if self.key and self.key[2] else None,
+            handed_over=self.handed_over,
             grad_off_batches=self.grad_off,
             batch_bytes=self.batch_bytes,
             workers=WorkerUse(

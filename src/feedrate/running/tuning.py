@@ -21,8 +21,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from feedrate.results.autotune import AutotuneReport
 from feedrate.results.run import AutotuneChange
 from feedrate.running.observer import Registry, Replacer, Watch
+from feedrate.search.tuner import online
 
 
 def replacer() -> Replacer:
@@ -120,11 +122,23 @@ def finish(watch: Watch) -> None:
         change.settled = report.settled
         change.report = report.to_dict()
         change.started_from = report.started_from
-        own = next((t for t in report.trials if t.config == watch.config), None)
-        change.stall_before = None if own is None else own.stall_fraction
+        change.stall_before = own_stall(watch, report)
         change.stall_after = late_stall(watch)
     except Exception as exc:
         change.error = f"autotune's report was lost: {exc!r}"
+
+
+def own_stall(watch: Watch, report: AutotuneReport) -> float | None:
+    """The stall with the loader's own settings, where autotune ran them: its trial of them
+    (autotune runs every configuration with persistent workers, ``online``: a trial of the
+    user's settings is of those), or, where no trial ended and autotune never left them, the
+    loop's over the last half of its batches (as the stall after); None where it never ran
+    them."""
+    own = (watch.config, online(watch.config))
+    trial = next((t for t in report.trials if t.config in own), None)
+    if trial is not None:
+        return trial.stall_fraction
+    return late_stall(watch) if not report.trials and report.config in own else None
 
 
 def late_stall(watch: Watch) -> float | None:

@@ -22,7 +22,7 @@ from feedrate.checks.threads import thread_findings
 from feedrate.checks.tune import tune_findings
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
 from feedrate.loader import libraries
-from feedrate.loader.batches import epoch_samples
+from feedrate.loader.batches import batch_size_of, epoch_samples
 from feedrate.loader.code import code_line
 from feedrate.loader.config import LoaderConfig
 from feedrate.machine.facts import MachineFacts
@@ -341,7 +341,7 @@ class TuneSearch:
                     best,
                     self.trials,
                     samples,
-                    self.loader.batch_size,
+                    batch_size_of(self.loader),
                 )
                 + thread_findings(self.space, self.thread_check, self.trials, best)
                 + self._transfer_findings(chosen),
@@ -356,12 +356,12 @@ class TuneSearch:
                 else "\n" + checks_transfer.copy_line(str(self.dev), bool(final.pin_memory))
             ),
             target=self.target,
-            batch_size=self.loader.batch_size,
+            batch_size=batch_size_of(self.loader),
             consumer=self.consumer.to_dict() if self.consumer else None,
             bottleneck=bottleneck_kind(  # the kind the bottleneck finding names
                 best,
                 self.space.cpus,
-                self.loader.batch_size,
+                batch_size_of(self.loader),
                 pace_of(best, self.space.consumer),
             ),
             persistent=persistent,
