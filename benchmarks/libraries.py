@@ -30,11 +30,12 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the data writers
-import library_data as data
 from common import machine_line
 
 import feedrate
 from feedrate.measuring.consumer import make_consumer
+
+import library_data as data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK_S = 0.0005  # CPU seconds of work per sample
