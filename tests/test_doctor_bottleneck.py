@@ -5,8 +5,10 @@ Known figures through a fake ``measure_trial``: no timing."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from rich.console import Console
 from torch.utils.data import DataLoader
 
@@ -120,3 +122,39 @@ def test_where_yours_is_the_best_the_finding_s_kind_is_yours() -> None:
     kinds = comparison.bottlenecks()
     assert kinds == {"bottleneck": comparison.bottleneck_kind(), "alternative_bottleneck": None}
     assert kinds["bottleneck"] == "no-workers"
+
+
+class Busy(Figures):
+    """As ``Figures``, each worker queued ``queued`` of the time for a CPU, and the node's
+    busy CPUs each trial read ``node_busy``."""
+
+    def __init__(
+        self, rows: dict[int, tuple[float, float, float]], queued: float, node_busy: float
+    ) -> None:
+        super().__init__(rows)
+        self.queued, self.node_busy = queued, node_busy
+
+    def __call__(self, cfg: LoaderConfig, why: str, consumer: Consumer | None) -> Trial:
+        t = super().__call__(cfg, why, consumer)
+        runq = self.queued * cfg.num_workers
+        return replace(t, workers_runq=runq, system_busy_cpus=self.node_busy)
+
+
+def test_a_rank_s_trials_are_judged_within_its_share_of_the_node() -> None:
+    # Two ranks doctor a pipeline at once on a 2-CPU node, each within its share of one CPU:
+    # 2 workers, each 30% of a core and queued 30%, the main process 10%: 0.7 of a core a
+    # rank. The node read 1.5 busy, both ranks' 1.4 in it. Whole against one CPU that is a full
+    # share ("cpu": computing workers on CPUs others fill); within its share, 0.7 + 0.1 / 2.
+    loader = DataLoader(TinyDataset(4096), batch_size=4, num_workers=2)
+    rows = {n: (300.0 * max(1, n), 0.1, 0.3) for n in range(8)}
+    judged = []
+    for ranks in (1, 2):
+        c = Comparison(loader, facts(cpus_usable=1), None, measure_trial=Busy(rows, 0.3, 1.5))
+        c.set_up(c.seconds, loader, ranks=ranks)
+        c.run()
+        assert c.baseline is not None
+        judged.append((c.baseline.system_busy_cpus, c.bottlenecks()["bottleneck"]))
+    assert judged[0] == (1.5, "cpu")  # one process: the machine's busy CPUs as read
+    busy, kind = judged[1]
+    assert busy == pytest.approx(0.7 + (1.5 - 2 * 0.7) / 2)
+    assert kind != "cpu"

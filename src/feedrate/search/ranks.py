@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from feedrate.results.measurement import Measurement
 from feedrate.results.spread import Spread
+from feedrate.results.trial import Trial
 
 #: Ranks whose rates differ by less than this many combined standard errors agree.
 AGREE_SE = 2.0
@@ -47,6 +48,18 @@ def job_busy(
         return None
     others = max(0.0, max(known) - sum(own[r] for r in local))
     return own[low] + others / len(local)
+
+
+def alike_ranks_busy(trial: Trial, ranks: int) -> Trial:
+    """``trial``, measured by one of ``ranks`` ranks of a node each measuring alike at the same
+    time (the doctor's ranks), with its busy CPUs read within its share of the node as
+    ``job_busy`` reads a job's: the other ranks' own load, not gathered here, taken as this
+    rank's. Unchanged for one rank, or where the busy CPUs were not read."""
+    if ranks <= 1 or trial.system_busy_cpus is None:
+        return trial
+    own = trial.main_cpu + trial.workers_cpu
+    busy = job_busy([trial.system_busy_cpus] * ranks, [own] * ranks, 0)
+    return replace(trial, system_busy_cpus=busy)
 
 
 def largest(values: list[int | None]) -> int | None:

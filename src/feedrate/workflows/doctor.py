@@ -116,7 +116,7 @@ def doctor(
     with node_step(wanted, trial_seconds + timeout_s) as node, random_state.kept(loaders.first):
         mine, on_node = node.share(facts), node.machine(facts)
         doc = _Doctor(loaders.first, on_node, consumer, wanted, timeout_s, progress, rank=mine)
-        doc.compared.seconds, doc.compared.source = trial_seconds, loaders.source
+        doc.compared.set_up(trial_seconds, loaders.source, node.local_ranks)
         doc.loaders = loaders  # a factory's: a fresh loader for each run
         for name in STEPS:
             doc.step(name)

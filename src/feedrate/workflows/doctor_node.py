@@ -69,6 +69,11 @@ class Node:
         are pinned apart): what the report shows and the node's findings are judged against."""
         return facts if self.ranks is None else of_node(facts, self.ranks.node_cpus)
 
+    @property
+    def local_ranks(self) -> int:
+        """The ranks on this node (1 outside a job)."""
+        return 1 if self.ranks is None else self.ranks.local_world
+
     def share(self, facts: MachineFacts) -> MachineFacts:
         """This rank's share of the node: the facts worker counts are tried and advised in."""
         if self.ranks is None:

@@ -31,6 +31,7 @@ from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import bottleneck, classify
 from feedrate.search.budgets import space_for
 from feedrate.search.propose import choose
+from feedrate.search.ranks import alike_ranks_busy
 from feedrate.search.space import Space, beats, covers, fastest, predict_over_budget, with_workers
 
 #: Seconds of steady state per configuration measured.
@@ -104,6 +105,14 @@ class Comparison:
         self.best: Trial | None = None if measured is None else measured[1]
         self.loader_alone: Trial | None = None
         self.consumer_alone: float | None = None
+        #: The node's ranks measuring alike at once (the doctor in every rank of a job).
+        self.ranks = 1
+
+    def set_up(self, seconds: float, source: LoaderSource, ranks: int) -> None:
+        """A trial's ``seconds``, the ``source`` each trial measures (a factory's: a fresh
+        loader each), and the ``ranks`` of the node measuring alike at the same time: each
+        trial's busy CPUs are then read within this rank's share (``alike_ranks_busy``)."""
+        self.seconds, self.source, self.ranks = seconds, source, ranks
 
     def run(self, *, alternatives: bool = True, batch: Any = None) -> None:
         """Your settings (a ``PipelineError`` there is raised); then, with ``alternatives``, the
@@ -150,7 +159,7 @@ class Comparison:
         self, cfg: LoaderConfig, why: str, consumer: Consumer | None, *, fatal: bool = False
     ) -> Trial:
         try:
-            return self.measure_trial(cfg, why, consumer)
+            return alike_ranks_busy(self.measure_trial(cfg, why, consumer), self.ranks)
         except (WorkerKilledError, PipelineTimeoutError) as exc:
             if fatal:
                 raise
