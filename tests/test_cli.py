@@ -78,9 +78,51 @@ def test_a_scripts_own_arguments_follow_the_double_dash(tmp_path: Path) -> None:
     code, _, stderr = run_cli("measure", target, "--batchs", "10")
     assert (code, stderr.strip()) == (
         2,
-        "feedrate: error: no such option '--batchs': did you mean '--batches'? "
-        "(see 'feedrate measure --help')",
+        "feedrate: error: no such option '--batchs': did you mean '--batches'? (a script's own "
+        "option goes after --: TARGET -- --batchs ...) (see 'feedrate measure --help')",
     )
+    code, _, stderr = run_cli("measure", target, "--", "--bogus")
+    assert code == 2 and "with the arguments it was given (-- ARGS after TARGET: --bogus)" in stderr
+    code, _, stderr = run_cli("measure", target, "16")  # a word for the script, without --
+    assert code == 2 and "unexpected argument '16': a script's own arguments go after --" in stderr
+
+
+SPAWNED = """
+import argparse
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--size", type=int, required=True)
+SIZE = parser.parse_args().size  # at the top level: a spawned worker parses it again
+
+
+class Sized(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.full((SIZE,), float(i))
+
+
+loader = DataLoader(Sized(), batch_size=8, num_workers=1, multiprocessing_context="spawn")
+"""
+
+
+def test_spawned_workers_import_the_script_with_its_own_arguments(tmp_path: Path) -> None:
+    target = f"{write_target(tmp_path, SPAWNED)}:loader"
+    out = tmp_path / "m.json"
+    code, _, stderr = run_cli(
+        "measure", target, "--batches", "5", "--json", str(out), "--", "--size", "3"
+    )
+    assert code == 0, stderr
+    assert json.loads(out.read_text())["config"]["num_workers"] == 1
+
+
+def test_feedrate_alone_prints_its_help_not_an_error() -> None:
+    code, stdout, stderr = run_cli()
+    assert "Usage: feedrate [OPTIONS] COMMAND" in stdout + stderr
+    assert "error" not in stderr and code in (0, 2)
 
 
 def test_env_prints_and_writes_json(tmp_path: Path) -> None:

@@ -81,7 +81,18 @@ def test_batches_the_workers_queued_at_start_up_do_not_count_as_observation() ->
     assert rules.too_little(queued) is not None
     assert rules.too_little(run_of(config=LoaderConfig(num_workers=2), batches=10)) is None
     assert rules.too_little(run_of(batches=6)) is None  # 5 past each epoch's first
-    assert rules.too_little(run_of(batches=10, epochs=6)) is not None  # 4 past them
+    assert rules.too_little(run_of(batches=8, epochs=4)) is not None  # 4 past them
+    # 8 workers, prefetch 2: 8 batches may all come out of the queue they filled at start.
+    assert rules.too_little(run_of(config=LoaderConfig(num_workers=8), batches=8)) is not None
+
+
+def test_long_runs_are_judged_however_their_epochs_and_queue_are_shaped() -> None:
+    # A loop that calls next(iter(loader)) at each step (or trains on one batch an epoch):
+    # an epoch a batch, each start evidence of what the loop waits for.
+    assert rules.too_little(run_of(batches=100, epochs=100)) is None
+    # 64 workers, prefetch 4 (256 queued at start) over 250 slow steps: no less a run.
+    deep = LoaderConfig(num_workers=64, prefetch_factor=4, persistent_workers=True)
+    assert rules.too_little(run_of(config=deep, batches=250)) is None
 
 
 def test_a_run_with_enough_still_gets_its_advice_beside_one_with_too_little() -> None:

@@ -353,14 +353,15 @@ def test_sys_exit_at_import(tmp_path: Path) -> None:
     assert message.startswith(f"{path}:loader: importing it called sys.exit(2)")
     assert f"{path}:2 in <module>" in message
     assert 'if __name__ == "__main__"' in message
-    assert "arguments after --" in message
+    assert "give the script its own arguments (args)" in message  # the CLI: after --
+    assert error.params == ("args",)
     assert isinstance(error.__cause__, SystemExit)
 
 
 def test_sys_exit_at_import_with_arguments_names_them(tmp_path: Path) -> None:
     path = write(tmp_path, "cli2.py", "import argparse\nargparse.ArgumentParser().parse_args()\n")
     message = str(load_error(parse_target(f"{path}:loader", ("--bogus", "a b"))))
-    assert message.endswith("with the arguments --bogus 'a b' it was given after --"), message
+    assert message.endswith("with the arguments it was given (args: --bogus 'a b')"), message
 
 
 ARGS_SCRIPT = """

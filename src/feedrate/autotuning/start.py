@@ -18,7 +18,7 @@ from feedrate.checks import streams
 from feedrate.checks.machine import shm_finding, shm_fitting
 from feedrate.errors import UserError
 from feedrate.loader import libraries
-from feedrate.loader.batches import epoch_length, thread_cap
+from feedrate.loader.batches import batch_size_of, epoch_length, thread_cap
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine import cache
@@ -111,7 +111,7 @@ def starting_point(
     # worker: its worker count changes only when 2 workers were seen to yield different
     # samples (a few seconds, once) or its library is known to split it.
     unsplit, share, _ = unsplit_stream(loader) if is_iterable_style(loader) else (None, None, False)
-    space = replace(space, busy_worker_cpu=share, batch_size=loader.batch_size)
+    space = replace(space, busy_worker_cpu=share, batch_size=batch_size_of(loader))
     first = functools.cache(functools.partial(first_batch, loader))  # made once, if at all
     config, started_from, stall = _start_config(loader, facts, space, keys, first)
     config, started_from = within_shm(facts, config, started_from, first)

@@ -100,17 +100,22 @@ def observed_trial(ld: LoaderRun) -> Trial:
 
 
 def steady_batches(ld: LoaderRun) -> int:
-    """The batches that tell the loop's steady pace: those past each epoch's first and past
-    the queue the workers of the loader's own settings filled at start-up."""
+    """The batches that tell the loop's steady pace: those past each epoch's first, less the
+    queue the workers of the loader's own settings filled at start-up (they come at once), at
+    most half of them: a long run with a deep queue (64 workers × 4 over 250 slow steps) is
+    judged, a handful of batches out of that queue is not."""
+    past = ld.batches - ld.epochs
     queued = ld.config.num_workers * (ld.config.prefetch_factor or 2)
-    return max(0, ld.batches - ld.epochs - queued)
+    return max(0, past - min(queued, past // 2))
 
 
 def too_little(ld: LoaderRun) -> str | None:
     """What the run saw of ``ld``, where too little to advise on (fewer than
-    ``MIN_STEADY_BATCHES`` steady batches); None where enough."""
+    ``MIN_STEADY_BATCHES`` steady batches, in fewer epochs: every epoch's start is evidence,
+    as in a loop that calls ``next(iter(loader))`` each step, or trains on one batch an
+    epoch); None where enough."""
     steady = steady_batches(ld)
-    if steady >= MIN_STEADY_BATCHES:
+    if steady >= MIN_STEADY_BATCHES or ld.epochs >= MIN_STEADY_BATCHES:
         return None
     return (
         f"{ld.batches:,} batch(es) in {ld.epochs} epoch(s) over {ld.loop_s:.2f} s of loop "

@@ -40,6 +40,12 @@ def in_options(exc: FeedrateError) -> str:
     return message
 
 
+#: A command's help asked for by giving it nothing (click 8.2 on); click 8.1 prints it itself.
+_HELP_ERRORS: tuple[type[Exception], ...] = tuple(
+    e for e in [getattr(click.exceptions, "NoArgsIsHelpError", None)] if e is not None
+)
+
+
 def option_error(exc: click.ClickException) -> str:
     """A mistake on the command line in one line, as feedrate's other errors are said: click's
     message and where help is; for an unknown option, feedrate's own it may misspell, or, on a
@@ -50,9 +56,12 @@ def option_error(exc: click.ClickException) -> str:
         name = exc.option_name
         close = difflib.get_close_matches(name, exc.possibilities or [], n=3, cutoff=0.8)
         message = f"no such option {name!r}"
+        script = ranks.ARGV[:1] in (["measure"], ["tune"], ["doctor"])
         if close:
             message += f": did you mean {' or '.join(repr(c) for c in close)}?"
-        elif ranks.ARGV[:1] in (["measure"], ["tune"], ["doctor"]):
+            if script:
+                message += f" (a script's own option goes after --: TARGET -- {name} ...)"
+        elif script:
             message += f": a script's own arguments go after -- (TARGET -- {name} ...)"
     ctx = getattr(exc, "ctx", None)
     if isinstance(exc, click.UsageError) and ctx is not None:
@@ -81,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     messages and exit statuses, never a traceback for a user mistake."""
     _show_crashes()
     ranks.ARGV[:] = list(argv) if argv is not None else sys.argv[1:]
+    kept = sys.argv  # a TARGET's script has its own while the command runs (cli.output.load)
     try:
         with interrupts.stoppable(sigterm=True):
             code = cli.main(
@@ -89,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 standalone_mode=False,
             )
     except click.ClickException as exc:
-        click.secho(f"feedrate: error: {option_error(exc)}", fg="red", err=True)
+        if isinstance(exc, _HELP_ERRORS):  # `feedrate` alone: its help, as click prints it
+            exc.show()
+        else:
+            click.secho(f"feedrate: error: {option_error(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
     except (click.Abort, KeyboardInterrupt):
         # The workers are stopped by now; a second Ctrl-C during exit's own clean-up (atexit
@@ -111,4 +124,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             who = f"rank {os.environ.get('RANK')}: " if other_rank() else ""
             click.secho(f"feedrate: error: {who}{in_options(exc)}", fg="red", err=True)
         sys.exit(exc.exit_code)
+    finally:
+        sys.argv = kept
     sys.exit(code if isinstance(code, int) else 0)

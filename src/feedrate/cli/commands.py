@@ -32,7 +32,7 @@ from feedrate.cli.output import (
     shown_target,
     write_json,
 )
-from feedrate.cli.ranks import rank_options
+from feedrate.cli.ranks import ARGV, rank_options
 from feedrate.errors import PipelineError, UserError
 from feedrate.units import parse_size, parse_sizes
 
@@ -136,7 +136,7 @@ def measure(
     from feedrate.workflows.measure_node import measure_job
 
     check_outputs(target, json=json_path)
-    loader = load(target, script_args)
+    loader = load(target, script_args, ARGV)
     target = shown_target(target, script_args)
     own = config_of(loader_of(loader))
     workers = own.num_workers if num_workers is None else num_workers
@@ -231,7 +231,7 @@ def tune(
 
     check_outputs(target, json=json_path, plot=plot_path, html=html_path)
     limit = parse_size(memory_limit, "memory_limit") if memory_limit is not None else None
-    loader = load(target, script_args)
+    loader = load(target, script_args, ARGV)
     target = shown_target(target, script_args)
     step = load_step(parse_target(step_spec, script_args)) if step_spec else None
     with TuneProgress(budget_s) as progress:
@@ -308,7 +308,7 @@ def doctor(
 
     wanted_checks(check_ids or None)
     check_outputs(target, json=json_path)
-    loader = load(target, script_args)
+    loader = load(target, script_args, ARGV)
     target = shown_target(target, script_args)
     step = load_step(parse_target(step_spec, script_args)) if step_spec else None
     with err.status(f"doctor: examining {target} …", spinner="dots") as status:

@@ -27,6 +27,7 @@ OPTION_OF = {
     "trial_seconds": "--trial-seconds",
     "timeout_s": "--timeout",
     "checks": "--check",
+    "args": "-- ARGS after TARGET",  # a script's own arguments (TargetSpec.args)
 }
 
 

@@ -242,15 +242,26 @@ class TuneProgress:
         )
 
 
-def load(target: str, script_args: tuple[str, ...] = ()) -> Any:
+def load(target: str, script_args: tuple[str, ...] = (), argv: list[str] | None = None) -> Any:
     """The TARGET's DataLoader, or, where NAME is a function, a factory that builds a fresh one
-    for each run (``load_source``); the script sees ``script_args`` as its arguments."""
+    for each run (``load_source``); the script sees ``script_args`` as its arguments, those
+    after ``--`` in ``argv`` (the command line): a word before it is refused, not passed on.
+    They stay its ``sys.argv`` for the rest of the command: workers started by spawn or
+    forkserver import the script again, with the argv of the process that starts them."""
     from feedrate.loader.target import load_source, parse_target
 
+    if script_args and "--" not in (argv or []):
+        raise UserError(
+            f"unexpected argument {script_args[0]!r}: a script's own arguments go after -- "
+            f"(TARGET -- {shlex.join(script_args)})"
+        )
     # As `python -m` does: a package.module target is looked up from the current directory too.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return load_source(parse_target(target, script_args))
+    spec = parse_target(target, script_args)
+    loaded = load_source(spec)
+    sys.argv = [spec.location, *spec.args]
+    return loaded
 
 
 def shown_target(target: str, script_args: tuple[str, ...]) -> str:

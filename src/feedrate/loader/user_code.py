@@ -48,13 +48,14 @@ def run_user(target: object, action: str, fn: Callable[[], _T]) -> _T:
         advice = (
             ""
             if "import" not in action
-            else f" with the arguments {clip(shlex.join(given))} it was given after --"
+            else f" with the arguments it was given (args: {clip(shlex.join(given))})"
             if given
-            else ": give the script its own arguments after -- (feedrate tune train.py:loader -- "
-            '--data DIR), or guard its script code with if __name__ == "__main__"'
+            else ": give the script its own arguments (args), or guard its script code with "
+            'if __name__ == "__main__"'
         )
         code = clip(repr(exc.code))
-        raise TargetError(f"{target}: {action} called sys.exit({code}){where}{advice}") from exc
+        said = f"{target}: {action} called sys.exit({code}){where}{advice}"
+        raise TargetError(said, params=("args",) if advice else ()) from exc
     except Exception as exc:
         said = f"{summary(exc)}{where_in_user_code(exc)}"
         advice = next((f": {a}" for words, a in _ADVICE.items() if words in str(exc)), "")

@@ -18,7 +18,13 @@ import feedrate
 from feedrate.errors import PipelineError, UserError
 from feedrate.loader import started
 from feedrate.loader import threaded as fetching
-from feedrate.loader.batches import batch_nbytes, epoch_length, length_hint, sample_counter
+from feedrate.loader.batches import (
+    batch_nbytes,
+    batch_size_of,
+    epoch_length,
+    length_hint,
+    sample_counter,
+)
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import (
     config_of,
@@ -135,7 +141,7 @@ def measure(
         window=_summary(timeline),
         processes=report,
         machine=facts.to_dict(),
-        batch_size=user_loader.batch_size,
+        batch_size=batch_size_of(user_loader),
         target=target,
         notes=_notes(config, facts, timeline, report, plan, epoch_length(loader))
         + started.notes(starts),

@@ -42,7 +42,7 @@ from feedrate.checks.workers import (
     workers_past_shards_finding,
 )
 from feedrate.errors import PipelineError
-from feedrate.loader.batches import epoch_samples
+from feedrate.loader.batches import batch_size_of, epoch_samples
 from feedrate.loader.libraries import class_name, epoch_per_worker, worker_limit
 from feedrate.loader.rebuild import config_of, is_iterable_style
 from feedrate.machine.facts import MachineFacts
@@ -393,7 +393,7 @@ class _Doctor:
             consumer_alone_samples_per_s=self.compared.consumer_alone,
             evidence=evidence,
             target=target,
-            batch_size=self.loader.batch_size,
+            batch_size=batch_size_of(self.loader),
             consumer=None if self.consumer is None else self.consumer.to_dict(),
             pipeline_error=self.pipeline_error,
             feedrate_version=feedrate.__version__,

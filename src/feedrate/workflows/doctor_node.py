@@ -160,13 +160,16 @@ def on_the_node(
 
 def _among_ranks(findings: list[Finding], ranks: Ranks) -> list[Finding]:
     """A busy machine, said as what it was: the node's other ranks ran their own doctor beside
-    this one, and their processes count among the "other processes"."""
+    this one, and each trial's busy CPUs are read within this rank's share of the node
+    (``alike_ranks_busy``): the "other processes" are this rank's part of those outside the
+    job, the other ranks' own examinations not among them."""
     others = ranks.local_world - 1
     if others < 1:
         return findings
     said = (
-        f" (this job's {others} other rank{'s' if others > 1 else ''} on this node examined "
-        "their loaders at the same time and count among them)"
+        f" (this rank's part of the processes outside the job; this job's {others} other "
+        f"rank{'s' if others > 1 else ''} on this node, examining their loaders at the same "
+        "time, taken as loading alike and not counted)"
     )
     return [replace(f, message=f.message + said) if f.id == "busy-machine" else f for f in findings]
 

@@ -18,6 +18,7 @@ from feedrate.checks.bottleneck import Pace, bottleneck_finding, bottleneck_kind
 from feedrate.checks.machine import shm_finding, task_limit_finding
 from feedrate.checks.workers import consumer_worker_finding, worker_count_finding
 from feedrate.errors import PipelineError, PipelineTimeoutError, WorkerKilledError
+from feedrate.loader.batches import batch_size_of
 from feedrate.loader.config import LoaderConfig
 from feedrate.loader.rebuild import config_of
 from feedrate.machine.facts import MachineFacts
@@ -132,7 +133,7 @@ class Comparison:
         self._confirm()
         if self.consumer is not None:
             self.consumer_alone = consumer_rate(
-                self.consumer, batch, self.loader.batch_size, device=device()
+                self.consumer, batch, batch_size_of(self.loader), device=device()
             )
 
     @property
@@ -258,7 +259,7 @@ class Comparison:
             return other, None, best
         # No workers is only within the noise: what the workers show, unless they show an
         # idle wait that more workers would fill (then workers would have been faster).
-        kind = classify(other, self.facts.cpus_usable, self.loader.batch_size)
+        kind = classify(other, self.facts.cpus_usable, batch_size_of(self.loader))
         return (best if kind in ("latency", "unknown") else other), None, None
 
     def bottleneck_finding(self) -> Finding | None:
@@ -266,7 +267,7 @@ class Comparison:
         if subject is None or not subject.measured:
             return None
         consumer = self.consumer is not None
-        cpus, batch_size = self.facts.cpus_usable, self.loader.batch_size
+        cpus, batch_size = self.facts.cpus_usable, batch_size_of(self.loader)
         return bottleneck_finding(
             subject, cpus, consumer, batch_size=batch_size, pace=pace, no_workers=no_workers
         )
@@ -275,7 +276,7 @@ class Comparison:
         subject, pace, no_workers = self.subject()
         if subject is None or not subject.measured:
             return ""
-        cpus, batch_size = self.facts.cpus_usable, self.loader.batch_size
+        cpus, batch_size = self.facts.cpus_usable, batch_size_of(self.loader)
         return bottleneck_kind(subject, cpus, batch_size, pace, no_workers)
 
     def bottlenecks(self) -> Bottlenecks:
@@ -296,5 +297,5 @@ class Comparison:
         """``classify`` of your settings where a faster configuration was measured. Without
         workers and its main process computing, that is main-process-bound: "no-workers"
         (fastest without workers) would claim what the faster one disproves."""
-        kind = classify(base, self.facts.cpus_usable, self.loader.batch_size)
+        kind = classify(base, self.facts.cpus_usable, batch_size_of(self.loader))
         return "main-process" if kind == "no-workers" else kind
