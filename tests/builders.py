@@ -10,6 +10,7 @@ from feedrate.loader.config import LoaderConfig
 from feedrate.results.measurement import Measurement, WindowSummary
 from feedrate.results.processes import ProbeReport, ProcessFigures
 from feedrate.results.ranks import RankFacts
+from feedrate.results.run import LoaderRun, Window
 from feedrate.results.spread import Spread
 
 GiB = 2**30
@@ -79,3 +80,23 @@ def rank_facts(r: int, node: int = 0, local: int | None = None, **changes: Any) 
         dataset_len=1000,
     )
     return replace(facts, **changes)
+
+
+def loader_run(**changes: Any) -> LoaderRun:
+    """What ``feedrate run`` saw of a starved training loader without workers: 100 batches in
+    one epoch, 6 s waiting in ``next()`` against 2 s of steps, the main thread computing 95%
+    of its wait (it makes the batches). ``changes`` replace any field."""
+    base: dict[str, Any] = {
+        "created_at": "train.py:9",
+        "config": LoaderConfig(),
+        "pid": 5,
+        "batches": 100,
+        "samples": 400,
+        "epochs": 1,
+        "wait_s": 6.0,
+        "step_s": 2.0,
+        "startup_s": 0.1,
+        "main_cpu_in_next": 0.95,
+        "timeline": [Window(0.0, 4.0, 3.0, 1.0, 50), Window(4.0, 4.0, 3.0, 1.0, 50)],
+    }
+    return LoaderRun(**{**base, **changes})

@@ -21,30 +21,19 @@ from feedrate.checks import stall as rules
 from feedrate.loader.config import LoaderConfig
 from feedrate.render.run import run_report
 from feedrate.results.autotune import AutotuneReport
-from feedrate.results.run import AutotuneChange, LoaderRun, ProcessRun, RunReport, Window
+from feedrate.results.run import AutotuneChange, LoaderRun, ProcessRun, RunReport
 from feedrate.results.trial import Trial
 from feedrate.running.gather import decide
 from feedrate.running.observer import Watch
 from feedrate.running.tuning import own_stall
 from feedrate.search.tuner import online
 
+from builders import loader_run
+
 
 def run_of(**kw: Any) -> LoaderRun:
-    """A starved loader without workers: 100 batches, 6 s waiting against 2 s of steps."""
-    base: dict[str, Any] = {
-        "created_at": "train.py:9",
-        "config": LoaderConfig(),
-        "pid": 5,
-        "batches": 100,
-        "samples": 400,
-        "epochs": 1,
-        "wait_s": 6.0,
-        "step_s": 2.0,
-        "startup_s": 0.1,
-        "main_cpu_in_next": 0.0,
-        "timeline": [Window(0.0, 4.0, 3.0, 1.0, 50), Window(4.0, 4.0, 3.0, 1.0, 50)],
-    }
-    return LoaderRun(**{**base, **kw})
+    """A starved loader without workers that waits asleep (it reads, not computes)."""
+    return loader_run(**{"main_cpu_in_next": 0.0, **kw})
 
 
 def shown(ld: LoaderRun) -> tuple[RunReport, str]:

@@ -30,6 +30,8 @@ from feedrate.running.sampler import Sampler
 from feedrate.running.timeline import Timeline
 from feedrate.running.tuning import _tuned_epoch, follow
 
+from builders import loader_run
+
 
 def _loader(n: int = 12) -> DataLoader[Any]:
     return DataLoader(TensorDataset(torch.arange(float(n))), batch_size=4)
@@ -168,20 +170,7 @@ def test_the_timeline_keeps_a_bounded_number_of_windows() -> None:
 
 
 def run_of(**kw: Any) -> LoaderRun:
-    base: dict[str, Any] = {
-        "created_at": "train.py:9",
-        "config": LoaderConfig(),
-        "pid": 5,
-        "batches": 100,
-        "samples": 400,
-        "epochs": 1,
-        "wait_s": 6.0,
-        "step_s": 2.0,
-        "startup_s": 0.1,
-        "main_cpu_in_next": 0.95,
-        "timeline": [Window(0.0, 4.0, 3.0, 1.0, 50), Window(4.0, 4.0, 3.0, 1.0, 50)],
-    }
-    return LoaderRun(**{**base, **kw})
+    return loader_run(**kw)
 
 
 def test_roles_tell_evaluation_from_training() -> None:
