@@ -471,6 +471,20 @@ def test_latency_bound_search_steps_to_the_ceiling_the_scaling_predicts() -> Non
     assert 4 not in counts and 8 not in counts and 16 not in counts
 
 
+def test_a_step_to_the_worker_cap_names_what_set_it() -> None:
+    # QA: a webdataset of 3 shards read "up to 3: max_workers=3", an option nobody gave.
+    facts = collect()
+    shards = space_for(facts, LoaderConfig(0), consumer=False, parts=3)
+    _, trials = run(shards, latency_bound())
+    capped = next(t for t in trials if t.config.num_workers == 3)
+    assert "the 3 shards the dataset hands out whole" in capped.reason
+    assert "max_workers" not in capped.reason
+    told = space_for(facts, LoaderConfig(0), consumer=False, max_workers=3)
+    assert told.cap == "max_workers=3"
+    short = space_for(facts, LoaderConfig(0), consumer=False, epoch_batches=6)
+    assert short.cap == "an epoch's 6 batches, one a worker at most"
+
+
 def test_consumer_mode_stops_doubling_when_the_stall_stops_falling() -> None:
     # The loader tops out at 500 samples/s; the consumer wants 1000: no count can feed it.
     best, trials = run(space(cpus=2, consumer=True), latency_bound(ceiling=500), consumer=1000.0)

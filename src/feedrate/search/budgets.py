@@ -49,6 +49,7 @@ def space_for(
         cpus=facts.cpus_usable,
         baseline=baseline,
         max_workers=worker_cap(max_workers, epoch_batches, parts),
+        cap=cap_words(max_workers, epoch_batches, parts),
         memory_budget=memory,
         memory_counts_main=by_limit,
         shm_budget=shm,
@@ -72,6 +73,19 @@ def worker_cap(max_workers: int | None, epoch_batches: int | None, parts: int | 
     else:
         cap = DEFAULT_MAX_WORKERS
     return cap if parts is None else min(cap, parts)
+
+
+def cap_words(max_workers: int | None, epoch_batches: int | None, parts: int | None = None) -> str:
+    """What set ``worker_cap``'s count, in words: the user's ``max_workers``, the shards, an
+    epoch's batches, or the default."""
+    cap = worker_cap(max_workers, epoch_batches, parts)
+    if max_workers is not None and cap == max_workers:
+        return f"max_workers={max_workers}"
+    if parts is not None and cap == parts:
+        return f"the {parts} shards the dataset hands out whole, one worker each at most"
+    if max_workers is None and epoch_batches is not None and cap == epoch_batches:
+        return f"an epoch's {epoch_batches} batches, one a worker at most"
+    return f"max_workers={cap} (the default)"
 
 
 def fd_budget(facts: MachineFacts) -> int | None:

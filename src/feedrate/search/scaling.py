@@ -76,7 +76,7 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     trial failed (a bisection towards a limit no budget saw)."""
     w = top.config.num_workers
     pf = top.config.prefetch_factor or 2
-    found = [Ceiling(space.max_workers, f"max_workers={space.max_workers}")]
+    found = [Ceiling(space.max_workers, space.cap or f"max_workers={space.max_workers}")]
     own = top.main_cpu + top.workers_cpu
     if cpu and own > 0:
         n = math.floor(w * CPU_CEILING * space.cpus / own)

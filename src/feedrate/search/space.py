@@ -111,6 +111,8 @@ class Space:
     #: Where 2 workers were seen to yield the same samples: the most workers whose rate counts
     #: no copies (1); a trial with more (your settings) is never recommended. None elsewhere.
     copies_past: int | None = None
+    #: What set ``max_workers``, in words (``budgets.cap_words``); "" where not said.
+    cap: str = ""
 
 
 def noise(a: Trial, b: Trial) -> float:
