@@ -229,7 +229,7 @@ def recommendation(result: TuneResult) -> Table:
         ("why", result.reason),
         (
             "resources",
-            f"{best.main_cpu + best.workers_cpu:.1f} CPUs busy, "
+            f"{best.own_cpu:.1f} CPUs busy, "
             f"{size(best.memory_bytes)} memory (PSS, main process and workers)",
         ),
     ]

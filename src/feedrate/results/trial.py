@@ -130,6 +130,12 @@ class Trial:
         return 0.0 if self.spread is None else self.spread.rel_se
 
     @property
+    def own_cpu(self) -> float:
+        """The CPUs the pipeline's own processes used: the main process and its workers (1.0 =
+        one core busy)."""
+        return self.main_cpu + self.workers_cpu
+
+    @property
     def worker_cpu_mean(self) -> float:
         n = self.config.num_workers
         return self.workers_cpu / n if n else 0.0

@@ -68,7 +68,7 @@ def bottleneck(t: Trial, cpus: int) -> Bottleneck:
         return "latency" if fetching < WAITING_DEMAND else "no-workers"
     if t.main_cpu >= 0.85:
         return "main-process"
-    own = t.main_cpu + t.workers_cpu
+    own = t.own_cpu
     if own >= 0.85 * cpus or t.worker_demand_mean >= 0.8 or competing(t, cpus):
         return "cpu"  # the workers use, or queue for, a core all the time
     if t.worker_demand_mean < WAITING_DEMAND:
@@ -86,7 +86,7 @@ def competing(t: Trial, cpus: int) -> bool:
     CPUs: 1.4 CPUs of work, 10.8 of queueing, the machine 1.9 busy). Workers waiting on I/O
     sleep instead, and on a machine others keep busy their queueing is the others' doing."""
     busy = t.system_busy_cpus or 0.0
-    own = t.main_cpu + t.workers_cpu
+    own = t.own_cpu
     queued = t.workers_runq or 0.0
     return queued > t.workers_cpu and busy >= 0.85 * cpus and own >= 0.5 * busy
 
@@ -95,7 +95,7 @@ def busy_words(t: Trial, cpus: int) -> tuple[str, bool]:
     """The busy CPUs ``t`` was judged on, in words ("1.0 of 1 CPUs busy, 0.6 with its own
     work": with several ranks, a rank's share of the node's), and whether processes outside
     the pipeline filled 0.1 CPU or more of them (then its own load is named beside)."""
-    own = t.main_cpu + t.workers_cpu
+    own = t.own_cpu
     busy = max(own, t.system_busy_cpus or 0.0)
     others = busy - own >= 0.1
     text = f"{busy:.1f} of {cpus} CPUs busy" + (f", {own:.1f} with its own work" if others else "")

@@ -52,7 +52,7 @@ def job_trial(trials: list[Trial], node_of: Sequence[int] | None = None) -> Tria
     rates = [t.samples_per_s for t in trials]
     slow = slowest_rank(rates)
     stalls = [t.stall_fraction for t in trials if t.stall_fraction is not None]
-    own = [t.main_cpu + t.workers_cpu for t in trials]
+    own = [t.own_cpu for t in trials]
     busy = job_busy([t.system_busy_cpus for t in trials], own, slow, node_of)
     shm = largest([t.shm_peak_bytes for t in trials])
     return replace(

@@ -57,7 +57,7 @@ def alike_ranks_busy(trial: Trial, ranks: int) -> Trial:
     rank's. Unchanged for one rank, or where the busy CPUs were not read."""
     if ranks <= 1 or trial.system_busy_cpus is None:
         return trial
-    own = trial.main_cpu + trial.workers_cpu
+    own = trial.own_cpu
     busy = job_busy([trial.system_busy_cpus] * ranks, [own] * ranks, 0)
     return replace(trial, system_busy_cpus=busy)
 

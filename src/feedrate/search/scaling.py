@@ -77,7 +77,7 @@ def ceiling(space: Space, trials: list[Trial], top: Trial, *, cpu: bool = True) 
     w = top.config.num_workers
     pf = top.config.prefetch_factor or 2
     found = [Ceiling(space.max_workers, space.cap or f"max_workers={space.max_workers}")]
-    own = top.main_cpu + top.workers_cpu
+    own = top.own_cpu
     if cpu and own > 0:
         n = math.floor(w * CPU_CEILING * space.cpus / own)
         found.append(Ceiling(n, f"{CPU_CEILING:.0%} of the {counted(space.cpus, 'usable CPU')}"))

@@ -355,7 +355,7 @@ def _aim(space: Space, top: Trial) -> int:
     pace = top.median / (1 - stall) if top.median > 0 else math.inf
     need = pace / top.median * (1 + AIM_MARGIN) if top.median > 0 else 16.0
     factor = min(16.0, max(1.25, need))
-    cpu = top.main_cpu + top.workers_cpu
+    cpu = top.own_cpu
     if cpu > 0:
         factor = min(factor, max(2.0, 0.85 * space.cpus / cpu))
     return max(w + 1, math.ceil(w * factor - 1e-9))
