@@ -138,7 +138,8 @@ def test_a_script_killed_by_a_signal_is_said_so_and_leaves_no_worker(tmp_path: P
     out = tmp_path / "run.json"
     args = ["--batches", "4", "--workers", "2", "--signal", str(int(signal.SIGKILL))]
     before = {p.pid for p in psutil.process_iter()}
-    done = feedrate_run("--json", str(out), "train.py", *args)
+    here = {**os.environ, "TMPDIR": str(tmp_path)}  # what the killed script leaves: here
+    done = feedrate_run("--json", str(out), "train.py", *args, env=here)
     assert done.returncode == 128 + signal.SIGKILL, done.stderr
     doc = json.loads(out.read_text())
     assert (
