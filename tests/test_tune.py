@@ -30,7 +30,7 @@ from feedrate.results.processes import ProbeReport
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.results.tune import TUNE_SCHEMA, TuneResult
-from feedrate.search.space import Space
+from feedrate.search.space import Space, beats
 from feedrate.workflows.tune import tune
 from feedrate.workflows.tune_search import MIN_TRIAL_WALL_S, TrialLimits, TuneSearch, trial_limits
 
@@ -171,6 +171,11 @@ def test_threads_without_leave_are_measured_and_reported_not_chosen() -> None:
     assert r.best.config.threads == 1
     assert sum(t.config.threads > 1 for t in r.trials) == 1
     found = [f for f in r.findings if f.id == "threads-would-help"]
+    (threaded,) = [t for t in r.trials if t.config.threads > 1]
+    # Threads usually match the 16 processes here; on a busy machine they may measure slower
+    # beyond the noise (0.87× once, in an idle CI): then, and only then, nothing is to be said.
+    if beats(r.best, threaded):
+        return
     assert found, [(t.config.label(), t.median, t.error) for t in r.trials]
     assert "--threads" in found[0].fix and "matched" in found[0].message
 
