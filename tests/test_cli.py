@@ -85,6 +85,8 @@ def test_a_scripts_own_arguments_follow_the_double_dash(tmp_path: Path) -> None:
     assert code == 2 and "with the arguments it was given (-- ARGS after TARGET: --bogus)" in stderr
     code, _, stderr = run_cli("measure", target, "16")  # a word for the script, without --
     assert code == 2 and "unexpected argument '16': a script's own arguments go after --" in stderr
+    code, _, stderr = run_cli("measure", target, "16", "--", "--batch-size", "16")  # and with
+    assert code == 2 and "unexpected argument '16': a script's own arguments go after --" in stderr
 
 
 SPAWNED = """

@@ -56,7 +56,8 @@ def option_error(exc: click.ClickException) -> str:
         name = exc.option_name
         close = difflib.get_close_matches(name, exc.possibilities or [], n=3, cutoff=0.8)
         message = f"no such option {name!r}"
-        script = ranks.ARGV[:1] in (["measure"], ["tune"], ["doctor"])
+        command = getattr(exc.ctx, "command", None)  # one that takes a script's arguments
+        script = any(p.name == "script_args" for p in getattr(command, "params", []))
         if close:
             message += f": did you mean {' or '.join(repr(c) for c in close)}?"
             if script:

@@ -250,9 +250,12 @@ def load(target: str, script_args: tuple[str, ...] = (), argv: list[str] | None 
     forkserver import the script again, with the argv of the process that starts them."""
     from feedrate.loader.target import load_source, parse_target
 
-    if script_args and "--" not in (argv or []):
+    line = argv or []
+    after = line[line.index("--") + 1 :] if "--" in line else []
+    stray = script_args[: len(script_args) - len(after)] if after else script_args
+    if stray:  # a word before --: click hands it over with the script's
         raise UserError(
-            f"unexpected argument {script_args[0]!r}: a script's own arguments go after -- "
+            f"unexpected argument {stray[0]!r}: a script's own arguments go after -- "
             f"(TARGET -- {shlex.join(script_args)})"
         )
     # As `python -m` does: a package.module target is looked up from the current directory too.

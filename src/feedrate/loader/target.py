@@ -103,7 +103,7 @@ def load_target(spec: str | TargetSpec) -> DataLoader[Any]:
     # about more workers than CPUs is feedrate's to judge (workers-past-cpus), not to print.
     target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
     with recording(), quiet_worker_count_warning(), script_argv(target):
-        _, value = _load_object(target)
+        value = _load_object(target)
         return _as_loader(value, target)
 
 
@@ -114,7 +114,7 @@ def load_source(spec: str | TargetSpec) -> DataLoader[Any] | Callable[[], DataLo
     nothing behind for the next (MosaicML's ``StreamingDataset`` keeps file locks)."""
     target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
     with recording(), quiet_worker_count_warning(), script_argv(target):
-        _, value = _load_object(target)
+        value = _load_object(target)
         first = _as_loader(value, target)
     if not (inspect.isfunction(value) or inspect.ismethod(value)):
         return first
@@ -136,15 +136,13 @@ class _Factory:
             return _as_loader(self.fn, self.target)
 
 
-def _load_object(spec: str | TargetSpec, step: bool = False) -> tuple[TargetSpec, object]:
+def _load_object(target: TargetSpec, step: bool = False) -> object:
     """Import the TARGET's file or module and look NAME up in it."""
-    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
-    with script_argv(target):
-        if target.kind == "file":
-            module = _import_file(target)
-        else:
-            module = run_user(target, "importing it", lambda: _import_module(target.location))
-        return target, run_user(target, "getting it", lambda: _resolve(module, target, step))
+    if target.kind == "file":
+        module = _import_file(target)
+    else:
+        module = run_user(target, "importing it", lambda: _import_module(target.location))
+    return run_user(target, "getting it", lambda: _resolve(module, target, step))
 
 
 @contextlib.contextmanager
@@ -161,7 +159,9 @@ def script_argv(target: TargetSpec) -> Iterator[None]:
 def load_step(spec: str | TargetSpec) -> Callable[[Any], object]:
     """Import a training step ``FILE.py:FUNC`` or ``package.module:FUNC``: a callable taking one
     batch. Errors as for ``load_target`` (TargetError, one line)."""
-    target, value = _load_object(spec, step=True)
+    target = spec if isinstance(spec, TargetSpec) else parse_target(spec)
+    with script_argv(target):
+        value = _load_object(target, step=True)
     if not callable(value):
         raise TargetError(f"{target} is {_a(value)}, not a callable taking a batch")
     step: Callable[[Any], object] = value
