@@ -17,6 +17,7 @@ import pytest
 
 from feedrate.cli import main
 
+from commands import feedrate_cli
 from faults import default_signals, wait_for_children, write_target
 
 TESTS = Path(__file__).parent
@@ -24,9 +25,7 @@ EXAMPLES = TESTS.parent / "examples"
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "feedrate", *args], capture_output=True, text=True, timeout=120
-    )
+    proc = feedrate_cli(*args, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -306,7 +305,6 @@ def _running(p: psutil.Process) -> bool:
 
 def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_path: Path) -> None:
     out = {name: tmp_path / name for name in ("t.json", "t.png", "t.html", "r.png", "r.html")}
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
     args = [
         "tune",
         tiny_target,
@@ -321,35 +319,15 @@ def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_p
         "--html",
         str(out["t.html"]),
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "feedrate", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    proc = feedrate_cli(*args, cache=tmp_path / "cache", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "recommended" in proc.stdout and "DataLoader(dataset" in proc.stdout
     data = json.loads(out["t.json"].read_text())
     assert data["schema"] == "feedrate.tune/1"
     assert out["t.png"].read_bytes().startswith(b"\x89PNG")
     assert '<img src="data:image/png;base64,' in out["t.html"].read_text()
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "feedrate",
-            "tune",
-            *args[1:2],
-            "--budget-s",
-            "20",
-            "--max-workers",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    again = feedrate_cli(
+        "tune", *args[1:2], "--budget-s", "20", "--max-workers", "2", cache=tmp_path / "cache"
     )
     assert again.returncode == 0 and "from the cache" in again.stdout
     code, stdout, stderr = run_cli(
@@ -483,13 +461,7 @@ def test_tune_threads_on_the_remote_example(tmp_path: Path) -> None:
     }
     plot = tmp_path / "t.png"
     args = ["tune", str(EXAMPLES / "remote.py") + ":loader", "--threads", "--max-workers", "8"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "feedrate", *args, "--budget-s", "40", "--plot", str(plot)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    proc = feedrate_cli(*args, "--budget-s", "40", "--plot", str(plot), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "DataLoader(feedrate.threaded(dataset, 16)" in proc.stdout.replace("\n", "")
     assert plot.read_bytes().startswith(b"\x89PNG")

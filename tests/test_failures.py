@@ -26,6 +26,7 @@ from feedrate.measuring.diagnosis import explain
 from feedrate.measuring.failures import IndexReportingDataset, Watchdog, stop_workers
 from feedrate.measuring.measure import measure
 
+from commands import feedrate_cli
 from pipelines import (
     EmptyDataset,
     FailingDataset,
@@ -91,8 +92,6 @@ def test_a_second_report_of_the_death_during_clean_up_keeps_the_named_error(
 def test_a_crash_in_the_main_process_shows_where_it_happened(tmp_path: Path) -> None:
     # No worker to report it: the process itself dies (num_workers=0). It used to end with
     # nothing printed at all; now with the Python line of the dataset that crashed.
-    import subprocess
-    import sys
 
     from faults import write_target
 
@@ -106,12 +105,7 @@ def test_a_crash_in_the_main_process_shows_where_it_happened(tmp_path: Path) -> 
         "        return torch.zeros(8)\n"
         "loader = DataLoader(Crashes(), batch_size=16)\n",
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "feedrate", "measure", f"{target}:loader", "--seconds", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = feedrate_cli("measure", f"{target}:loader", "--seconds", "1", timeout=120)
     assert done.returncode == -signal.SIGSEGV
     assert "Segmentation fault" in done.stderr
     line = next(i for i, t in enumerate(target.read_text().splitlines(), 1) if "native" in t)

@@ -23,6 +23,8 @@ from feedrate.checks.stall import findings, next_step
 from feedrate.integrations import shared
 from feedrate.results.run import LoaderRun
 
+from commands import feedrate_cli
+
 pl = pytest.importorskip(
     "lightning.pytorch", reason="Lightning is not installed (feedrate[lightning])"
 )
@@ -333,13 +335,8 @@ def test_feedrate_run_calls_the_callback_s_answer_the_tuned_settings_not_yours()
 def test_feedrate_run_records_the_callback_s_loader_as_handed_over(tmp_path: Path) -> None:
     scripts = Path(__file__).resolve().parent / "run_scripts"
     out = tmp_path / "run.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "feedrate", "run", "--json", str(out), "lightning_callback.py"],
-        capture_output=True,
-        text=True,
-        cwd=scripts,
-        timeout=240,
-        env={**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")},
+    done = feedrate_cli(
+        "run", "--json", str(out), "lightning_callback.py", cwd=scripts, cache=tmp_path / "cache"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (train,) = json.loads(out.read_text())["loaders"]

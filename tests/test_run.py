@@ -20,6 +20,7 @@ import pytest
 
 from feedrate.running import sites
 
+from commands import feedrate_cli
 from faults import start_cli
 from jobs import pythonpath
 
@@ -33,14 +34,7 @@ def line_of(path: Path, text: str) -> int:
 
 
 def feedrate_run(*args: str, cwd: Path = SCRIPTS, env: dict[str, str] | None = None) -> Any:
-    return subprocess.run(
-        [sys.executable, "-m", "feedrate", "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-    )
+    return feedrate_cli("run", *args, cwd=cwd, env=env, timeout=120)
 
 
 def test_the_script_keeps_its_output_argv_main_and_exit_status(tmp_path: Path) -> None:

@@ -7,9 +7,6 @@ and its detail line. Each rule on synthetic observations, then end to end as a u
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ from feedrate.running.tuning import own_stall
 from feedrate.search.tuner import online
 
 from builders import loader_run
+from commands import feedrate_cli
 
 
 def run_of(**kw: Any) -> LoaderRun:
@@ -214,15 +212,8 @@ def feedrate_run(tmp_path: Path, *args: str, **script: Any) -> tuple[Any, dict[s
     path = tmp_path / "script.py"
     path.write_text(CRASH.format(**values))
     out = tmp_path / "run.json"
-    env = {**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")}
-    done = subprocess.run(
-        [sys.executable, "-m", "feedrate", "run", *args, "--json", str(out), str(path)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=300,
-    )
+    run = ["run", *args, "--json", str(out), str(path)]
+    done = feedrate_cli(*run, cwd=tmp_path, cache=tmp_path / "cache", timeout=300)
     return done, json.loads(out.read_text())
 
 

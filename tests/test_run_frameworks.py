@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from commands import feedrate_cli
 
 SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
 
@@ -17,13 +16,7 @@ SCRIPTS = Path(__file__).resolve().parent / "run_scripts"
 def test_a_lightning_fit_is_observed(tmp_path: Path) -> None:
     pytest.importorskip("lightning", reason="Lightning is not installed here")
     out = tmp_path / "run.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "feedrate", "run", "--json", str(out), "lightning_fit.py"],
-        capture_output=True,
-        text=True,
-        cwd=SCRIPTS,
-        timeout=240,
-    )
+    done = feedrate_cli("run", "--json", str(out), "lightning_fit.py", cwd=SCRIPTS)
     assert done.returncode == 0, done.stderr
     assert "fit done" in done.stdout
     loaders = {ld["name"]: ld for ld in json.loads(out.read_text())["loaders"]}
@@ -41,13 +34,8 @@ def test_feedrate_s_own_lightning_callback_under_autotune_trains_once(tmp_path: 
     pytest.importorskip("lightning", reason="Lightning is not installed here")
     out = tmp_path / "run.json"
     script = SCRIPTS / "lightning_callback.py"
-    done = subprocess.run(
-        [sys.executable, "-m", "feedrate", "run", "--autotune", "--json", str(out), script.name],
-        capture_output=True,
-        text=True,
-        cwd=SCRIPTS,
-        timeout=240,
-        env={**os.environ, "FEEDRATE_CACHE_DIR": str(tmp_path / "cache")},
+    done = feedrate_cli(
+        "run", "--autotune", "--json", str(out), script.name, cwd=SCRIPTS, cache=tmp_path / "cache"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "fit done" in done.stdout and "RecursionError" not in done.stderr

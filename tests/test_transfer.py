@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import time
 from collections import namedtuple
 from pathlib import Path
@@ -40,6 +38,7 @@ from feedrate.search.space import beats
 from feedrate.units import parse_sizes
 from feedrate.workflows.tune import tune
 
+from commands import feedrate_cli
 from pipelines import TinyDataset
 
 CUDA = pytest.mark.skipif(
@@ -284,12 +283,7 @@ def test_tune_with_a_device_tries_pin_memory_both_ways(monkeypatch: pytest.Monke
 @NO_ACCELERATOR
 def test_transfer_command_says_plainly_it_skips(tmp_path: Path) -> None:
     out = tmp_path / "t.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "feedrate", "transfer", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = feedrate_cli("transfer", "--json", str(out), timeout=120)
     assert proc.returncode == 0 and "skipped: no accelerator" in proc.stdout
     assert json.loads(out.read_text())["schema"] == "feedrate.transfer/1"
 
