@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -232,6 +233,11 @@ def test_workers_needed_follows_the_data_time_against_the_step() -> None:
     computing = run_of(config=LoaderConfig(2), main_cpu_in_next=0.01, bottleneck="unknown")
     computing.workers.cpu_util = 1.52
     assert rules.workers_needed(computing, cpus=2) == 2
+    # 16 epochs of 6 batches: the 4 workers the pace asks for make an epoch in 2 rounds of one
+    # batch each, as 3 do.
+    short = run_of(main_cpu_in_next=0.0, batches=96, epochs=16, epoch_batches=6)
+    assert rules.workers_needed(short, cpus=2) == 3
+    assert rules.workers_needed(replace(short, epoch_batches=None), cpus=2) == 4
 
 
 def test_a_bottleneck_that_stood_out_nowhere_sends_to_the_doctor_by_name() -> None:

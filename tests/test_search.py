@@ -19,6 +19,7 @@ from feedrate.search.bottleneck import bottleneck
 from feedrate.search.budgets import space_for
 from feedrate.search.online_steps import receiving
 from feedrate.search.propose import choose, keep, propose, propose_online, unresolved
+from feedrate.search.rounds import fewest_alike, rounds
 from feedrate.search.scaling import (
     STREAM_START_OVER_CPUS,
     STREAM_START_PER_CPU,
@@ -149,6 +150,18 @@ def test_cpu_bound_ladder_past_the_cpus_goes_on_while_within_the_noise() -> None
     # before it stands (``unresolved``; tune then takes a lead above 3% as real).
     again = unresolved(s, trials)
     assert again is not None and best.config.num_workers == 2, (again, tried)
+
+
+def test_tune_s_ladder_goes_on_to_8_per_cpu_where_a_deeper_pool_pays() -> None:
+    # Skewed cost on 2 CPUs (compare-quick-1207g): 16 workers 7-16% above 8 in 4 of 5 rounds,
+    # where tune's ladder ended at 8 (0.87 of the grid's best).
+    def skewed(cfg: LoaderConfig) -> Figures:
+        w = cfg.num_workers
+        rate = {0: 1500.0, 1: 1250.0, 2: 2250.0, 3: 2250.0}.get(w, 2400.0 if w < 16 else 2650.0)
+        return Figures(rate, 0.1, 0.95)
+
+    best, trials = run(space(cpus=2, baseline=LoaderConfig(0)), skewed)
+    assert best.config.num_workers == 16, [t.config.num_workers for t in trials]
 
 
 @pytest.mark.parametrize("cpus", [2, 4, 8])
@@ -1209,3 +1222,41 @@ def test_online_a_stream_tries_the_workers_its_fed_trial_kept_busy(
         assert proposal is None, proposal
     else:
         assert proposal is not None and proposal[0].num_workers == want, proposal
+
+
+EPOCH_BATCHES, BATCH, BATCH_S = 128, 16, 0.18
+"""The ``remote`` benchmark's epoch: 128 batches of 16 samples, each batch 0.18 s in a worker."""
+
+
+def epoch_in_rounds(cfg: LoaderConfig) -> Figures:
+    """Workers that wait (2.5% of a CPU each): an epoch lasts its rounds of one batch per worker,
+    the rate is held under 5,000 samples/s by the CPUs, and each worker slows every batch by
+    0.1% (processes competing for the CPUs)."""
+    w = cfg.num_workers
+    if w == 0:
+        return Figures(BATCH / BATCH_S, 0.05, 0.0)
+    rate = min(5_000.0, EPOCH_BATCHES * BATCH / (rounds(w, EPOCH_BATCHES) * BATCH_S)) * 0.999**w
+    return Figures(rate, 0.2, 0.025)
+
+
+def test_a_pipeline_of_short_epochs_gets_the_fewest_workers_of_the_fastest_round() -> None:
+    # 64 workers make the epoch in 2 rounds; 54 (where the CPU time projects the ceiling) take 3
+    # and anything from 65 to 127 takes 2 with more processes: the answer is 64, reached
+    # without measuring a count between two rounds.
+    short = space(max_workers=EPOCH_BATCHES, epoch_batches=EPOCH_BATCHES)
+    best, trials = run(short, epoch_in_rounds)
+    assert best.config.num_workers == 64
+    counts = {t.config.num_workers for t in trials}
+    assert all(fewest_alike(c, EPOCH_BATCHES) == c for c in counts)
+    step = next(t for t in trials if t.config.num_workers == 64)
+    assert "64, the fewest that make an epoch's 128 batches in 2 rounds" in step.reason
+
+
+def test_a_consumer_is_fed_by_the_fewest_workers_of_the_round_that_feeds_it() -> None:
+    # 3,000 samples/s: 4 rounds (32 to 42 workers) deliver 2,750, 3 rounds (43 to 63) 4,000.
+    # The answer is 43, and no count between two rounds' fewest is tried on the way.
+    short = space(max_workers=EPOCH_BATCHES, epoch_batches=EPOCH_BATCHES, consumer=True)
+    best, trials = run(short, epoch_in_rounds, consumer=3_000.0)
+    assert best.config.num_workers == 43
+    counts = {t.config.num_workers for t in trials}
+    assert all(fewest_alike(c, EPOCH_BATCHES) == c for c in counts), sorted(counts)

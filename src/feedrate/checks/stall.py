@@ -20,6 +20,7 @@ from feedrate.results.run import AutotuneChange, LoaderRun, Role
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import LABELS, MAIN_BUSY, Bottleneck, bottleneck
+from feedrate.search.rounds import fewest_alike
 from feedrate.search.space import STALL_MARGIN
 
 #: A loader taking fewer batches than this share of the busiest one's (in the same process),
@@ -208,7 +209,8 @@ def workers_needed(ld: LoaderRun, cpus: int, ranks: int = 1) -> int | None:
     seconds of data work per batch (the wait, less start-up, plus the step's share the loop
     overlapped) over the seconds of step per batch, with ``WORKER_MARGIN`` to spare; capped
     at the usable CPUs for CPU-bound work, or workers on a CPU half the time or more (more
-    would only compete): at this rank's share of them, where ``ranks`` share the node."""
+    would only compete): at this rank's share of them, where ``ranks`` share the node. Of
+    counts that make an epoch in as many rounds, the fewest (``search.rounds``)."""
     steady = ld.batches - ld.epochs
     if steady <= 0 or ld.step_s <= 0:
         return None
@@ -217,7 +219,8 @@ def workers_needed(ld: LoaderRun, cpus: int, ranks: int = 1) -> int | None:
     make = max(0.0, waits) / steady
     if ld.config.num_workers:
         make = (make + step) * ld.config.num_workers  # each worker's batch, end to end
-    needed = math.ceil(make / step * (1 + WORKER_MARGIN))
+    # As many as make an epoch in the same rounds of one batch per worker are enough.
+    needed = fewest_alike(math.ceil(make / step * (1 + WORKER_MARGIN)), ld.epoch_batches)
     # Workers computing half the time or more (spawned ones importing torch, too): more of
     # them than CPUs only compete.
     w = ld.config.num_workers

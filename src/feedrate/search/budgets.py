@@ -57,6 +57,7 @@ def space_for(
         tasks_budget=None if facts.tasks_free is None else int(facts.tasks_free * TASKS_SHARE),
         consumer=consumer,
         allow_reorder=allow_reorder,
+        epoch_batches=epoch_batches,
     )
 
 

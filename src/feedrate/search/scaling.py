@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from feedrate.results.trial import Trial
+from feedrate.search import rounds
 from feedrate.search.space import (
     FDS_BASE,
     FDS_PER_BATCH,
@@ -115,7 +116,8 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
     leave gaps on the CPUs, and the noise check stops the climb where the gain ends). Where it
     did not: twice the workers, unless the step was longer than a doubling (then the peak lies
     below it, for the bisection). Never past a hard ceiling (memory, /dev/shm, open files,
-    ``max_workers``); None once one is reached."""
+    ``max_workers``); None once one is reached. Each count is moved onto an epoch's round
+    (``rounds.on_a_round``): a count between two that end one only adds processes."""
     w = top.config.num_workers
     prev = lower_neighbour(space, trials, top)
     hard = ceiling(space, trials, top, cpu=False)
@@ -126,19 +128,32 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
     if not scaled_linearly(top, prev):
         if prev is not None and w > 2 * max(1, prev.config.num_workers):
             return None  # a long step that bent: the peak lies below it (bisected there)
-        return n, f"twice the workers overlap more waits{up_to}"
+        return _on_a_round(space, w, n, hard, f"twice the workers overlap more waits{up_to}")
     assert prev is not None
     gained = top.median / prev.median
     limit = ceiling(space, trials, top)
     if limit.workers < w * NEAR:
-        return n, (
+        why = (
             f"{_grew(prev, gained)} and the CPU time projects the CPUs busy: twice the workers, "
             f"while the gain beats the noise{up_to}"
         )
+        return _on_a_round(space, w, n, hard, why)
     n = min(limit.workers, MAX_FACTOR * w)
     aim = f"meet {limit.what}" if n == limit.workers else f"head for {limit.what}"
     why = f"{_grew(prev, gained)}: at that rate per worker, {n} workers {aim}"
-    return n, why
+    return _on_a_round(space, w, n, hard, why)
+
+
+def _on_a_round(space: Space, w: int, n: int, hard: Ceiling, why: str) -> tuple[int, str] | None:
+    """``n``, aimed at from ``w`` workers, moved onto an epoch's round within ``hard``, and why;
+    None where no count up to ``hard`` makes the epoch in fewer rounds than ``w``."""
+    batches = space.epoch_batches
+    m = rounds.on_a_round(n, batches, above=w, most=hard.workers, reach=NEAR)
+    if m <= w:
+        return None
+    if m != n:
+        why += f"; {m}, the fewest that {rounds.in_rounds(m, batches)}"
+    return m, why
 
 
 def _grew(prev: Trial, gained: float) -> str:

@@ -113,6 +113,9 @@ class Space:
     copies_past: int | None = None
     #: What set ``max_workers``, in words (``budgets.cap_words``); "" where not said.
     cap: str = ""
+    #: The batches of an epoch of a map-style loader, handed to its workers in turn
+    #: (``rounds``); None for a stream, or a sampler without a length.
+    epoch_batches: int | None = None
 
 
 def noise(a: Trial, b: Trial) -> float:

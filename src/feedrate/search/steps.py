@@ -24,7 +24,7 @@ import math
 from dataclasses import replace
 
 from feedrate.results.trial import Trial
-from feedrate.search import scaling
+from feedrate.search import rounds, scaling
 from feedrate.search.bottleneck import WAITING_DEMAND, bottleneck
 from feedrate.search.online_steps import copies, fewer, hands_over, idle_stall, receiving, zero
 from feedrate.search.space import (
@@ -62,14 +62,20 @@ def _anchor_cpus(space: Space, trials: list[Trial]) -> Proposal | None:
 #: where tune stopped at 4 or 6). The repeats of near-ties then tell if it paid.
 POOL_CPUS = 4
 
+#: tune's ladder (``_explore``) then takes one more rung, at this many per CPU: its trials cost
+#: only the search's budget, not training time, and a pool deeper still can pay (skewed cost on
+#: 2 CPUs: 16 workers 7-16% above 8 in 4 of 5 interleaved rounds, where 8 ended the ladder:
+#: ``benchmarks/results/issue17/compare-quick-1207g``). The bisection then looks between.
+LADDER_CPUS = 8
+
 
 def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     """Go past the largest count tried while it is the fastest. Latency-bound (its workers
     mostly wait) and gaining more than the noise on its last step: to the count the scaling
     predicts (``scaling.step_up``). CPU-bound: one more worker than CPUs, then twice, three and
-    up to ``POOL_CPUS`` times the CPUs while the top stays fastest (gaps in the workers' I/O,
-    and a deeper pool against uneven samples, can pay past the core count by less than short
-    trials resolve)."""
+    ``POOL_CPUS`` times the CPUs, then ``LADDER_CPUS`` times, while the top stays fastest
+    (gaps in the workers' I/O, and a deeper pool against uneven samples, can pay past the core
+    count by less than short trials resolve)."""
     main = series(space, trials)
     top = max(main, key=lambda t: t.config.num_workers, default=None)
     if top is None or top.config.num_workers == 0:
@@ -93,7 +99,11 @@ def _explore(space: Space, trials: list[Trial]) -> Proposal | None:
     if threads_win(space, top, trials):
         return None  # a few threaded workers beat it: more processes would only cost memory
     if kind == "cpu" and w >= space.cpus:
-        rungs = (space.cpus + 1, *(k * space.cpus for k in range(2, POOL_CPUS + 1)))
+        rungs = (
+            space.cpus + 1,
+            *(k * space.cpus for k in range(2, POOL_CPUS + 1)),
+            LADDER_CPUS * space.cpus,
+        )
         ladder = [c for c in rungs if c > w]
         if not ladder:
             return None
@@ -147,7 +157,8 @@ def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
     """Bisect where a better or cheaper answer may lie, down to counts 25% apart: between the
     best count and the next higher one tried (the peak may lie between), and between the
     fewest workers within the noise of the best and the next lower count, unless the step up
-    from that one scaled linearly (then nothing between is as fast)."""
+    from that one scaled linearly (then nothing between is as fast). Only counts that end an
+    epoch's round are tried (``rounds.worth_between``)."""
     main = series(space, trials)
     best = fastest(main)
     if best is None or best.config.num_workers == 0 or threads_win(space, best, trials):
@@ -163,8 +174,10 @@ def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
     ]
     pairs = ([(b, higher[0])] if higher else []) + ([(low, lower[-1])] if lower else [])
     for near, other in pairs:
-        if abs(other - near) > max(1, near // 4):
-            mid = (near + other) // 2
+        lo, hi = sorted((near, other))
+        worth = rounds.worth_between(lo, hi, space.epoch_batches)
+        if abs(other - near) > max(1, near // 4) and worth:
+            mid = min(worth, key=lambda c: (abs(c - (near + other) // 2), c))
             what = "the best so far" if near == b else "the fewest workers as fast as the best"
             return with_workers(space.baseline, mid), f"between {what} ({near}) and {other}"
     return None
@@ -319,6 +332,10 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
         more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
     if nxt > hard.workers:
         nxt, more = hard.workers, f"{more}, up to {hard.workers}: {hard.what}"
+    batches = space.epoch_batches
+    near = rounds.on_a_round(nxt, batches, above=w, most=hard.workers, reach=scaling.NEAR)
+    if near != nxt:
+        nxt, more = near, f"{more}; {near}, the fewest that {rounds.in_rounds(near, batches)}"
     if nxt <= w:
         return None
     why = (
@@ -370,7 +387,10 @@ def _bisect(space: Space, trials: list[Trial]) -> Proposal | None:
     starved = [t.config.num_workers for t in main if not covers(t) and t.config.num_workers < c]
     if not starved or c - max(starved) <= 1:
         return None
-    mid = (c + max(starved)) // 2
+    worth = rounds.worth_between(max(starved), c, space.epoch_batches)
+    if not worth:
+        return None  # every count between makes an epoch in the rounds of one of the two
+    mid = min(worth, key=lambda n: (abs(n - (c + max(starved)) // 2), n))
     return with_workers(
         space.baseline, mid
     ), f"fewer workers ({mid}) that may still keep the consumer fed"
