@@ -327,7 +327,9 @@ def test_tune_writes_json_plot_html_and_report_rerenders(tiny_target: str, tmp_p
     assert out["t.png"].read_bytes().startswith(b"\x89PNG")
     assert '<img src="data:image/png;base64,' in out["t.html"].read_text()
     again = feedrate_cli(
-        "tune", *args[1:2], "--budget-s", "20", "--max-workers", "2", cache=tmp_path / "cache"
+        *["tune", *args[1:2], "--budget-s", "20", "--max-workers", "2"],
+        cache=tmp_path / "cache",
+        timeout=300,
     )
     assert again.returncode == 0 and "from the cache" in again.stdout
     code, stdout, stderr = run_cli(

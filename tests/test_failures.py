@@ -89,7 +89,9 @@ def test_a_second_report_of_the_death_during_clean_up_keeps_the_named_error(
     assert "SIGBUS" in str(info.value)
 
 
-def test_a_crash_in_the_main_process_shows_where_it_happened(tmp_path: Path) -> None:
+def test_a_crash_in_the_main_process_shows_where_it_happened(
+    tmp_path: Path, short_tmp: str
+) -> None:
     # No worker to report it: the process itself dies (num_workers=0). It used to end with
     # nothing printed at all; now with the Python line of the dataset that crashed.
 
@@ -105,7 +107,9 @@ def test_a_crash_in_the_main_process_shows_where_it_happened(tmp_path: Path) -> 
         "        return torch.zeros(8)\n"
         "loader = DataLoader(Crashes(), batch_size=16)\n",
     )
-    done = feedrate_cli("measure", f"{target}:loader", "--seconds", "1", timeout=120)
+    # A process killed by a signal cleans nothing up: its multiprocessing folder stays in TMPDIR.
+    env = {**os.environ, "TMPDIR": short_tmp}
+    done = feedrate_cli("measure", f"{target}:loader", "--seconds", "1", env=env, timeout=120)
     assert done.returncode == -signal.SIGSEGV
     assert "Segmentation fault" in done.stderr
     line = next(i for i, t in enumerate(target.read_text().splitlines(), 1) if "native" in t)

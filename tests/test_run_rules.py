@@ -238,6 +238,13 @@ def test_workers_needed_follows_the_data_time_against_the_step() -> None:
     short = run_of(main_cpu_in_next=0.0, batches=96, epochs=16, epoch_batches=6)
     assert rules.workers_needed(short, cpus=2) == 3
     assert rules.workers_needed(replace(short, epoch_batches=None), cpus=2) == 4
+    # A run that stalled a little at 4 workers asks for 5; with 8 batches an epoch both make it
+    # in 2 rounds, so it is told the count that saves one, 8: never fewer workers than it had,
+    # nor its own count (no advice at all).
+    four = run_of(config=LoaderConfig(4), main_cpu_in_next=0.0, batches=96, epochs=16, wait_s=0.3)
+    four.workers.cpu_util = 0.1
+    assert rules.workers_needed(four, cpus=2) == 5
+    assert rules.workers_needed(replace(four, epoch_batches=8), cpus=2) == 8
 
 
 def test_a_bottleneck_that_stood_out_nowhere_sends_to_the_doctor_by_name() -> None:

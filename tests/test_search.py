@@ -1260,3 +1260,28 @@ def test_a_consumer_is_fed_by_the_fewest_workers_of_the_round_that_feeds_it() ->
     assert best.config.num_workers == 43
     counts = {t.config.num_workers for t in trials}
     assert all(fewest_alike(c, EPOCH_BATCHES) == c for c in counts), sorted(counts)
+
+
+def test_cpu_bound_steps_are_not_moved_onto_rounds() -> None:
+    # 256 batches an epoch: 5 workers make it in 52 rounds, as 4 make it in 64; for workers that
+    # share the CPUs the rounds do not set the epoch's length, and the doubling stays a doubling.
+    long = space(cpus=2, consumer=True, epoch_batches=256)
+    _, trials = run(long, cpu_bound(2), consumer=5_000.0)
+    counts = [t.config.num_workers for t in trials]
+    assert 4 in counts and 5 not in counts, counts
+
+
+def test_fewer_online_halves_to_the_fewest_of_the_round() -> None:
+    # 43 workers feed the step; half is 21, which makes 128 batches in 7 rounds, as 19 do.
+    short = space(cpus=2, consumer=True, epoch_batches=EPOCH_BATCHES)
+    fed = make_trial(online_cfg(43), "x", epoch_in_rounds(online_cfg(43)), 1_000.0)
+    proposal = propose_online(short, [fed])
+    assert proposal is not None and proposal[0].num_workers == 19, proposal
+
+
+def test_batches_out_of_order_have_no_rounds() -> None:
+    # Out of order, DataLoader skips a worker that holds its prefetch: no fixed turn.
+    facts = collect()
+    unordered = LoaderConfig(2, prefetch_factor=2, in_order=False)
+    assert space_for(facts, unordered, consumer=False, epoch_batches=128).epoch_batches is None
+    assert space_for(facts, LoaderConfig(0), consumer=False, epoch_batches=128).epoch_batches == 128

@@ -20,7 +20,7 @@ from feedrate.results.run import AutotuneChange, LoaderRun, Role
 from feedrate.results.spread import Spread
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import LABELS, MAIN_BUSY, Bottleneck, bottleneck
-from feedrate.search.rounds import fewest_alike
+from feedrate.search.rounds import fewest_alike, round_fewer
 from feedrate.search.space import STALL_MARGIN
 
 #: A loader taking fewer batches than this share of the busiest one's (in the same process),
@@ -219,8 +219,12 @@ def workers_needed(ld: LoaderRun, cpus: int, ranks: int = 1) -> int | None:
     make = max(0.0, waits) / steady
     if ld.config.num_workers:
         make = (make + step) * ld.config.num_workers  # each worker's batch, end to end
-    # As many as make an epoch in the same rounds of one batch per worker are enough.
-    needed = fewest_alike(math.ceil(make / step * (1 + WORKER_MARGIN)), ld.epoch_batches)
+    raw = math.ceil(make / step * (1 + WORKER_MARGIN))
+    # As many as make an epoch in the same rounds of one batch per worker are enough; where
+    # those are no more than the run had, only a count that saves a round can go faster.
+    needed = fewest_alike(raw, ld.epoch_batches)
+    if raw > ld.config.num_workers >= needed > 0:
+        needed = round_fewer(ld.config.num_workers, ld.epoch_batches) or raw
     # Workers computing half the time or more (spawned ones importing torch, too): more of
     # them than CPUs only compete.
     w = ld.config.num_workers

@@ -57,7 +57,8 @@ def space_for(
         tasks_budget=None if facts.tasks_free is None else int(facts.tasks_free * TASKS_SHARE),
         consumer=consumer,
         allow_reorder=allow_reorder,
-        epoch_batches=epoch_batches,
+        # Out of order, a worker holding its prefetch is skipped: no fixed turn, no rounds.
+        epoch_batches=None if baseline.in_order is False else epoch_batches,
     )
 
 

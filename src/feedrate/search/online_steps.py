@@ -8,6 +8,7 @@ import math
 
 from feedrate.results.trial import Trial
 from feedrate.search.bottleneck import WAITING_DEMAND, bottleneck, ipc_bytes_per_s
+from feedrate.search.rounds import fewest_alike
 from feedrate.search.space import (
     BIG_BATCH,
     STALL_MARGIN,
@@ -44,7 +45,8 @@ def fewer(space: Space, trials: list[Trial]) -> Proposal | None:
         return None  # the worker's CPU time, moved into the loop, would stall it
     per_worker = space.busy_worker_cpu
     if per_worker is None or per_worker <= 0 or top.workers_cpu <= 0 or c == 1:
-        return with_workers(space.baseline, c // 2), f"{c} workers keep the step fed: fewer may too"
+        half = fewest_alike(c // 2, space.epoch_batches)  # as many rounds of an epoch, fewer
+        return with_workers(space.baseline, half), f"{c} workers keep the step fed: fewer may too"
     busy = top.workers_cpu / per_worker
     n = max(1, math.ceil(busy * BUSY_MARGIN))
     if n >= c:

@@ -5,8 +5,8 @@ batches. Every count that makes the epoch in as many rounds as a smaller one onl
 competing for the CPUs: on ``remote`` (128 batches an epoch, 2 CPUs), 43, 49 and 63 workers (3
 rounds) measured 0.88-0.93 of 64 (2 rounds), and 96 (2 rounds too) 0.83, in 6 interleaved rounds
 (``benchmarks/rounds.py``, results in ``benchmarks/results/issue17/rounds-1207``). Where the
-epoch's length is unknown (a stream, a sampler without one) every count is its own. Pure
-functions."""
+epoch's length is unknown (a stream, a sampler without one, batches taken out of order) every
+count is its own. Pure functions."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ def on_a_round(target: int, batches: int | None, *, above: int, most: int, reach
     epoch in fewer rounds than ``target`` where that lies within ``reach`` times ``target``
     and ``most``; else the fewest that make it in ``target``'s rounds, where more than
     ``above``; else the fewest that save ``above`` a round, within ``most``; else ``above``
-    (no count up to ``target`` shortens the epoch). ``target`` itself where the epoch's length
-    is unknown or it is not above ``above``."""
+    (no count up to ``most`` shortens the epoch). ``target`` (within ``most``) itself where the
+    epoch's length is unknown or it is not above ``above``."""
+    target = min(target, most)
     if not batches or target <= above:
         return target
     up = round_fewer(target, batches)

@@ -114,7 +114,8 @@ class Space:
     #: What set ``max_workers``, in words (``budgets.cap_words``); "" where not said.
     cap: str = ""
     #: The batches of an epoch of a map-style loader, handed to its workers in turn
-    #: (``rounds``); None for a stream, or a sampler without a length.
+    #: (``rounds``); None for a stream, a sampler without a length, or batches taken out of
+    #: order (``in_order=False``: a worker holding its prefetch is skipped, no fixed turn).
     epoch_batches: int | None = None
 
 

@@ -332,10 +332,11 @@ def _double(space: Space, trials: list[Trial]) -> Proposal | None:
         more = f"{nxt}, as many as the consumer's pace needs if they scale (they mostly wait)"
     if nxt > hard.workers:
         nxt, more = hard.workers, f"{more}, up to {hard.workers}: {hard.what}"
-    batches = space.epoch_batches
-    near = rounds.on_a_round(nxt, batches, above=w, most=hard.workers, reach=scaling.NEAR)
-    if near != nxt:
-        nxt, more = near, f"{more}; {near}, the fewest that {rounds.in_rounds(near, batches)}"
+    if kind == "latency":  # waiting workers: an epoch's rounds, not the CPUs, set its length
+        batches = space.epoch_batches
+        near = rounds.on_a_round(nxt, batches, above=w, most=hard.workers, reach=scaling.NEAR)
+        if near != nxt:
+            nxt, more = near, f"{more}; {near}, the fewest that {rounds.in_rounds(near, batches)}"
     if nxt <= w:
         return None
     why = (
