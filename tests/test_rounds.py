@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from feedrate.search.rounds import (
     fewest_alike,
+    midway,
     on_a_round,
     round_fewer,
     rounds,
@@ -39,6 +40,9 @@ def test_only_the_fewest_for_their_rounds_lie_between(batches: int, low: int, sp
     worth = worth_between(low, high, batches)
     assert all(low < c < high and fewest_alike(c, batches) == c for c in worth)
     assert worth_between(low, high, None) == list(range(low + 1, high))
+    mid = midway(low, high, batches)
+    assert (mid is None) == (not worth) and (mid is None or mid in worth)
+    assert midway(low, high, None) == (low + high) // 2  # no rounds: half way, as before
 
 
 def test_a_step_moves_onto_a_round_within_reach() -> None:

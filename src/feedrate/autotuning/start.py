@@ -28,7 +28,7 @@ from feedrate.measuring.measure import warmup_batches
 from feedrate.measuring.shm import RETIME_BELOW_S, MainBatch, main_process_batch
 from feedrate.measuring.workers import stream_digests
 from feedrate.search.budgets import space_for
-from feedrate.search.rounds import fewest_alike, in_rounds
+from feedrate.search.rounds import fewest_alike, the_fewest
 from feedrate.search.scaling import map_start, stream_start
 from feedrate.search.space import Space, most_workers
 from feedrate.search.tuner import OnlineTuner, online
@@ -219,8 +219,8 @@ def _start_config(
     if waiting is not None:
         w, why = waiting.workers, waiting.what
         fewest = fewest_alike(w, space.epoch_batches)
-        if fewest < w:  # as many rounds of the epoch's batches, fewer processes
-            w, why = fewest, f"{why}; {fewest}, the fewest that {in_rounds(w, space.epoch_batches)}"
+        if fewest < w and space.epoch_batches:  # as many rounds of the epoch, fewer processes
+            w, why = fewest, f"{why}; {the_fewest(fewest, space.epoch_batches)}"
     start = replace(own, num_workers=w, prefetch_factor=2 if w else None)
     return online(start), why, None
 

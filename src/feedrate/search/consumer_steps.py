@@ -77,10 +77,10 @@ def double(space: Space, trials: list[Trial]) -> Proposal | None:
     if nxt > hard.workers:
         nxt, more = hard.workers, f"{more}, up to {hard.workers}: {hard.what}"
     if kind == "latency":  # waiting workers: an epoch's rounds, not the CPUs, set its length
-        batches = space.epoch_batches
-        near = rounds.on_a_round(nxt, batches, above=w, most=hard.workers, reach=scaling.NEAR)
-        if near != nxt:
-            nxt, more = near, f"{more}; {near}, the fewest that {rounds.in_rounds(near, batches)}"
+        moved = scaling.onto_a_round(space, w, nxt, hard, more)
+        if moved is None:
+            return None
+        nxt, more = moved
     if nxt <= w:
         return None
     why = (
@@ -132,10 +132,9 @@ def bisect(space: Space, trials: list[Trial]) -> Proposal | None:
     starved = [t.config.num_workers for t in main if not covers(t) and t.config.num_workers < c]
     if not starved or c - max(starved) <= 1:
         return None
-    worth = rounds.worth_between(max(starved), c, space.epoch_batches)
-    if not worth:
+    mid = rounds.midway(max(starved), c, space.epoch_batches)
+    if mid is None:
         return None  # every count between makes an epoch in the rounds of one of the two
-    mid = min(worth, key=lambda n: (abs(n - (c + max(starved)) // 2), n))
     return with_workers(
         space.baseline, mid
     ), f"fewer workers ({mid}) that may still keep the consumer fed"

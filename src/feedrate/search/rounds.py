@@ -64,8 +64,18 @@ def worth_between(low: int, high: int, batches: int | None) -> list[int]:
     return sorted({c for c in (fewest_alike(n, batches) for n in counts) if low < c < high})
 
 
-def in_rounds(workers: int, batches: int | None) -> str:
-    """``workers``' epoch in words: "make an epoch's 128 batches in 2 rounds"."""
-    if not batches or workers <= 0:
-        return ""
-    return f"make an epoch's {batches} batches in {rounds(workers, batches)} rounds"
+def midway(low: int, high: int, batches: int | None) -> int | None:
+    """Of ``worth_between``'s counts, the one nearest half way from ``low`` to ``high`` (the
+    fewer of two as near); None where none lies between."""
+    worth = worth_between(low, high, batches)
+    half = (low + high) // 2
+    return min(worth, key=lambda c: (abs(c - half), c), default=None)
+
+
+def the_fewest(workers: int, batches: int) -> str:
+    """``workers`` as a round's fewest, in words: "64, the fewest that make an epoch's 128
+    batches in 2 rounds"."""
+    return (
+        f"{workers}, the fewest that make an epoch's {batches} batches in "
+        f"{rounds(workers, batches)} rounds"
+    )

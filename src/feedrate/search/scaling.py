@@ -128,7 +128,7 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
     if not scaled_linearly(top, prev):
         if prev is not None and w > 2 * max(1, prev.config.num_workers):
             return None  # a long step that bent: the peak lies below it (bisected there)
-        return _on_a_round(space, w, n, hard, f"twice the workers overlap more waits{up_to}")
+        return onto_a_round(space, w, n, hard, f"twice the workers overlap more waits{up_to}")
     assert prev is not None
     gained = top.median / prev.median
     limit = ceiling(space, trials, top)
@@ -137,22 +137,23 @@ def step_up(space: Space, trials: list[Trial], top: Trial) -> tuple[int, str] | 
             f"{_grew(prev, gained)} and the CPU time projects the CPUs busy: twice the workers, "
             f"while the gain beats the noise{up_to}"
         )
-        return _on_a_round(space, w, n, hard, why)
+        return onto_a_round(space, w, n, hard, why)
     n = min(limit.workers, MAX_FACTOR * w)
     aim = f"meet {limit.what}" if n == limit.workers else f"head for {limit.what}"
     why = f"{_grew(prev, gained)}: at that rate per worker, {n} workers {aim}"
-    return _on_a_round(space, w, n, hard, why)
+    return onto_a_round(space, w, n, hard, why)
 
 
-def _on_a_round(space: Space, w: int, n: int, hard: Ceiling, why: str) -> tuple[int, str] | None:
-    """``n``, aimed at from ``w`` workers, moved onto an epoch's round within ``hard``, and why;
+def onto_a_round(space: Space, w: int, n: int, hard: Ceiling, why: str) -> tuple[int, str] | None:
+    """``n`` waiting workers, aimed at from ``w`` (tune's step up, a consumer's aim), moved
+    onto an epoch's round within ``hard`` (``rounds.on_a_round``), and ``why`` with where to;
     None where no count up to ``hard`` makes the epoch in fewer rounds than ``w``."""
     batches = space.epoch_batches
     m = rounds.on_a_round(n, batches, above=w, most=hard.workers, reach=NEAR)
     if m <= w:
         return None
-    if m != n:
-        why += f"; {m}, the fewest that {rounds.in_rounds(m, batches)}"
+    if m != n and batches:
+        why += f"; {rounds.the_fewest(m, batches)}"
     return m, why
 
 

@@ -147,7 +147,7 @@ def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
     best count and the next higher one tried (the peak may lie between), and between the
     fewest workers within the noise of the best and the next lower count, unless the step up
     from that one scaled linearly (then nothing between is as fast). Only counts that end an
-    epoch's round are tried (``rounds.worth_between``)."""
+    epoch's round are tried (``rounds.midway``)."""
     main = series(space, trials)
     best = fastest(main)
     if best is None or best.config.num_workers == 0 or threads_win(space, best, trials):
@@ -163,10 +163,8 @@ def _refine(space: Space, trials: list[Trial]) -> Proposal | None:
     ]
     pairs = ([(b, higher[0])] if higher else []) + ([(low, lower[-1])] if lower else [])
     for near, other in pairs:
-        lo, hi = sorted((near, other))
-        worth = rounds.worth_between(lo, hi, space.epoch_batches)
-        if abs(other - near) > max(1, near // 4) and worth:
-            mid = min(worth, key=lambda c: (abs(c - (near + other) // 2), c))
+        mid = rounds.midway(min(near, other), max(near, other), space.epoch_batches)
+        if abs(other - near) > max(1, near // 4) and mid is not None:
             what = "the best so far" if near == b else "the fewest workers as fast as the best"
             return with_workers(space.baseline, mid), f"between {what} ({near}) and {other}"
     return None
