@@ -156,3 +156,23 @@ def test_the_threads_report_is_measured_even_when_the_search_would_spend_the_bud
     r = Scripted(space, model, budget_s=9.0).search()
     assert any(t.measured and t.config.threads > 1 for t in r.trials)
     assert r.search_seconds <= 9.0 + 1.0
+
+
+def lucky_cheaper(cfg: LoaderConfig, n: int) -> Shot:
+    """Two workers make 850 samples/s but read 1,150 the first two times they are measured (the
+    search's trial and the side-by-side one); three make 1,100 every time. Windows spread ±15%,
+    so after those two 2 workers lead within the noise of 3."""
+    w = cfg.num_workers
+    if w == 0:
+        return Shot(500.0, spread=0.15, main_cpu=1.0, worker_cpu=0.0)
+    if w == 2:
+        return Shot(1150.0 if n < 2 else 850.0, spread=0.15)
+    return Shot({1: 600.0, 3: 1100.0}.get(w, 900.0), spread=0.15)
+
+
+def test_a_cheaper_leader_ahead_by_lucky_trials_is_measured_until_resolved() -> None:
+    search = Scripted(cpu_space(), lucky_cheaper)
+    r = search.search()
+    assert r.best.config.num_workers == 3, [(t.config.label(), t.repeats) for t in r.trials]
+    two = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
+    assert search.measured[two] >= RESOLVED_REPEATS

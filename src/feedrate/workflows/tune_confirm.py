@@ -2,8 +2,9 @@
 by side. Trials that ran while other processes took the CPUs are measured again (their figure
 is the machine's load, not the pipeline); the leader is measured with its closest rival and
 your settings, interleaved, windows pooled; and where the cheapest configuration within the
-noise of the fastest is more than ``NOISE_FLOOR`` slower, both are measured again, in turn,
-until the gap is resolved (``search.space.outpaced``) or the budget runs out.
+noise of the fastest is more than ``NOISE_FLOOR`` slower, or is the fastest with the next
+within its noise, both are measured again, in turn, until the gap is resolved
+(``search.space.outpaced``) or the budget runs out.
 
 Orchestration only: ``search`` decides (``choose``, ``contended``, ``beats``), the caller's
 ``trial`` measures.
@@ -95,10 +96,11 @@ def confirm(s: Measures, baseline: Trial) -> None:
 
 def resolve(s: Measures) -> None:
     """While the answer (the cheapest within the noise of the fastest) is more than
-    ``NOISE_FLOOR`` slower than the fastest: measure the two again, the one with fewer repeats
-    first (``search.propose.unresolved``), until the gap is resolved, within the budget."""
+    ``NOISE_FLOOR`` slower than the fastest, or is the fastest with the next within its noise:
+    measure the two again, the one with fewer repeats first (``search.propose.unresolved``),
+    until the gap is resolved, within the budget."""
     for _ in range(4 * RESOLVED_REPEATS):
-        again = unresolved(s.space, s.trials)
+        again = unresolved(s.space, s.trials, either=True)
         if again is None or not s.room():
             return
         behind, why = again
