@@ -161,7 +161,8 @@ def test_the_threads_report_is_measured_even_when_the_search_would_spend_the_bud
 def lucky_cheaper(cfg: LoaderConfig, n: int) -> Shot:
     """Two workers make 850 samples/s but read 1,150 the first two times they are measured (the
     search's trial and the side-by-side one); three make 1,100 every time. Windows spread ±15%,
-    so after those two 2 workers lead within the noise of 3."""
+    so after those two 2 workers lead within the noise of 3. (The model goes by the worker
+    count: 2 workers at prefetch_factor=4 are as lucky, each configuration counted apart.)"""
     w = cfg.num_workers
     if w == 0:
         return Shot(500.0, spread=0.15, main_cpu=1.0, worker_cpu=0.0)
@@ -176,3 +177,23 @@ def test_a_cheaper_leader_ahead_by_lucky_trials_is_measured_until_resolved() -> 
     assert r.best.config.num_workers == 3, [(t.config.label(), t.repeats) for t in r.trials]
     two = LoaderConfig(2, prefetch_factor=2, persistent_workers=True)
     assert search.measured[two] >= RESOLVED_REPEATS
+
+
+def test_a_repeat_that_fails_ends_the_repeats_and_the_answer_stands() -> None:
+    # The rival's workers cannot start again (EAGAIN, say): no repeat after repeat of it until
+    # the budget is gone.
+    class Failing(Scripted):
+        def trial(
+            self, config: LoaderConfig, why: str, *, fatal: bool = False, record: bool = True
+        ) -> Trial:
+            if config.num_workers == 3 and self.measured.get(config, 0) >= 2:
+                self.now += 1.0
+                self.measured[config] += 1
+                return Trial(config, why, error="did not start: Resource temporarily unavailable")
+            return super().trial(config, why, fatal=fatal, record=record)
+
+    search = Failing(cpu_space(), lucky_cheaper)
+    r = search.search()
+    three = LoaderConfig(3, prefetch_factor=2, persistent_workers=True)
+    assert search.measured[three] == 3, search.measured
+    assert r.best.measured

@@ -99,10 +99,9 @@ def unresolved(
     more than ``NOISE_FLOOR`` slower than the fastest, the one of the two with fewer repeats,
     until both have ``RESOLVED_REPEATS`` (then ``outpaced`` takes a gap past the floor as real).
     With ``either`` (tune, whose repeats cost only its budget) the same where the answer is the
-    fastest itself and the fastest of the rest lies within its noise: one lucky trial of the
-    cheaper leader is as likely as one of the dearer (tokenize on 2 CPUs, compare-quick-1207i:
-    tune's 2 workers measured 0.86 of the grid's 8 side by side, 0.73-1.07 from round to round,
-    so one trial of each does not order them)."""
+    fastest itself and the fastest of the rest lies within its noise: one trial of each can
+    order them either way (tokenize on 2 CPUs, compare-quick-1207i: 2 workers at 1.07 of 8 in
+    one round, 0.73-0.94 in the other four; tune picked 2, 0.86 of 8 over the 5 rounds)."""
     measured = eligible(space, trials)
     top, pick = fastest(measured), choose(space, trials)
     if top is None or pick is None:

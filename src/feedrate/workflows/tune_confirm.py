@@ -98,10 +98,14 @@ def resolve(s: Measures) -> None:
     """While the answer (the cheapest within the noise of the fastest) is more than
     ``NOISE_FLOOR`` slower than the fastest, or is the fastest with the next within its noise:
     measure the two again, the one with fewer repeats first (``search.propose.unresolved``),
-    until the gap is resolved, within the budget."""
+    until the gap is resolved, within the budget. A repeat that fails (a start refused, a
+    worker killed) ends it: the answer stands on what was measured."""
     for _ in range(4 * RESOLVED_REPEATS):
         again = unresolved(s.space, s.trials, either=True)
         if again is None or not s.room():
             return
         behind, why = again
-        behind.pool(s.trial(behind.config, why, record=False))
+        repeat = s.trial(behind.config, why, record=False)
+        if not repeat.measured:
+            return
+        behind.pool(repeat)
